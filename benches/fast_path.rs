@@ -1,0 +1,2 @@
+//! Placeholder, replaced by the fast-path benchmarks.
+fn main() {}

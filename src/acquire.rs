@@ -1,0 +1,138 @@
+//! The future of a caller that may wait for a slot.
+
+use crate::bulkhead::Shared;
+use crate::error::{ServiceSaturated, ShedReason};
+use crate::permit::Permit;
+use crate::sync::Arc;
+use crate::waiters::{Arrival, Node};
+use pin_project_lite::pin_project;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use tokio::time::Sleep;
+
+pin_project! {
+    /// Future returned by [`Bulkhead::acquire`](crate::Bulkhead::acquire):
+    /// resolves to a [`Permit`], or to [`ServiceSaturated`] once the `wait`
+    /// budget is spent.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct Acquire {
+        shared: Arc<Shared>,
+        #[pin]
+        state: State,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State {
+        Arriving,
+        Parked { place: Place, #[pin] budget: Sleep },
+        Done,
+    }
+}
+
+/// A place in the waiter queue. Dropping it leaves the line, and passes on
+/// a slot that was handed to it but never taken.
+struct Place {
+    shared: Arc<Shared>,
+    node: Arc<Node>,
+}
+
+impl Acquire {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            state: State::Arriving,
+        }
+    }
+}
+
+impl Future for Acquire {
+    type Output = Result<Permit, ServiceSaturated>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Arriving => {
+                    let shared = &**this.shared;
+                    if let Some(claim) = shared.try_claim() {
+                        this.state.set(State::Done);
+                        return Poll::Ready(Ok(Permit::new(this.shared.clone(), claim)));
+                    }
+                    let Some(wait) = shared.config().wait else {
+                        this.state.set(State::Done);
+                        return Poll::Ready(Err(shared.saturated(ShedReason::LimitReached)));
+                    };
+                    let arrival = shared.waiters().arrive(
+                        shared.slots(),
+                        shared.now(),
+                        shared.config().max_waiting,
+                    );
+                    match arrival {
+                        Arrival::Admitted(claim) => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(Ok(Permit::new(this.shared.clone(), claim)));
+                        }
+                        Arrival::QueueFull => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(Err(shared.saturated(ShedReason::TooManyWaiting)));
+                        }
+                        Arrival::Parked(node) => {
+                            let place = Place {
+                                shared: this.shared.clone(),
+                                node,
+                            };
+                            let budget = tokio::time::sleep(wait);
+                            this.state.set(State::Parked { place, budget });
+                        }
+                    }
+                }
+                StateProj::Parked { place, budget } => {
+                    let shared = &place.shared;
+                    if let Poll::Ready(claim) = shared.waiters().poll_granted(&place.node, cx) {
+                        this.state.set(State::Done);
+                        return Poll::Ready(Ok(Permit::new(this.shared.clone(), claim)));
+                    }
+                    ready!(budget.poll(cx));
+                    let granted =
+                        shared
+                            .waiters()
+                            .leave(&place.node, shared.slots(), shared.now(), true);
+                    let outcome = match granted {
+                        Some(claim) => Ok(Permit::new(this.shared.clone(), claim)),
+                        None => Err(shared.saturated(ShedReason::WaitExpired)),
+                    };
+                    this.state.set(State::Done);
+                    return Poll::Ready(outcome);
+                }
+                StateProj::Done => panic!("`Acquire` polled after completion"),
+            }
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let shared = &self.shared;
+        let granted = shared
+            .waiters()
+            .leave(&self.node, shared.slots(), shared.now(), false);
+        if let Some(claim) = granted {
+            shared.release(&claim);
+        }
+    }
+}
+
+impl fmt::Debug for Acquire {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state {
+            State::Arriving => "arriving",
+            State::Parked { .. } => "parked",
+            State::Done => "done",
+        };
+        f.debug_struct("Acquire").field("state", &state).finish()
+    }
+}

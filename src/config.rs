@@ -1,0 +1,170 @@
+//! A bulkhead's configuration and its validation.
+
+use crate::clock::ManualClock;
+use crate::slots::MAX_SLOTS;
+use std::{fmt, sync::Arc, time::Duration};
+
+/// How a bulkhead behaves: its limit, when an abandoned slot is reclaimed, and
+/// whether a caller may wait for a slot.
+///
+/// `limit` and `reclaim_after` are required because no default is right for
+/// them: `limit` is sized to the resource you protect (usually your connection
+/// pool), and `reclaim_after` must be longer than any legitimate call, which
+/// only your client's timeout knows.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_inflight::Config;
+///
+/// let config = Config::new(25, Duration::from_secs(30)) // limit, reclaim_after
+///     .wait(Duration::from_millis(50))                  // park up to 50 ms for a slot
+///     .max_waiting(64)                                  // shed at once past 64 parked
+///     .name("payments");
+/// assert!(config.validate().is_ok());
+///
+/// let bad = Config::new(25, Duration::from_secs(1)).wait(Duration::from_secs(1));
+/// assert_eq!(bad.validate().unwrap_err().field(), "wait");
+/// ```
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub(crate) limit: usize,
+    pub(crate) reclaim_after: Duration,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) max_waiting: Option<usize>,
+    pub(crate) name: Option<Arc<str>>,
+    pub(crate) retry_after: Duration,
+    pub(crate) clock: Option<ManualClock>,
+}
+
+impl Config {
+    /// At most `limit` calls in flight; a slot held for `reclaim_after`
+    /// without being released is taken to be abandoned and reused.
+    ///
+    /// Set `reclaim_after` longer than your client's timeout: reclaiming a
+    /// slot from a call that is merely slow briefly admits more than `limit`.
+    pub fn new(limit: usize, reclaim_after: Duration) -> Self {
+        Self {
+            limit,
+            reclaim_after,
+            wait: None,
+            max_waiting: None,
+            name: None,
+            retry_after: Duration::from_secs(1),
+            clock: None,
+        }
+    }
+
+    /// Lets a caller that finds every slot held wait up to `wait` for one,
+    /// holding no slot meanwhile, before it is shed. The default is not to
+    /// wait at all; `Duration::ZERO` means the same.
+    ///
+    /// `wait` must be shorter than `reclaim_after`: waiting without a bound
+    /// is the pile-up a bulkhead exists to prevent.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = (!wait.is_zero()).then_some(wait);
+        self
+    }
+
+    /// Caps how many callers may wait at once; past it a caller is shed at
+    /// once. Only matters with a [`wait`](Self::wait) budget. Unbounded by
+    /// default (the number parked is then bounded by arrival rate × `wait`).
+    pub fn max_waiting(mut self, max_waiting: usize) -> Self {
+        self.max_waiting = Some(max_waiting);
+        self
+    }
+
+    /// A name for the bulkhead, carried by its errors and logs.
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The hint [`ServiceSaturated::retry_after`](crate::ServiceSaturated::retry_after)
+    /// gives clients (one second by default).
+    pub fn retry_after(mut self, retry_after: Duration) -> Self {
+        self.retry_after = retry_after;
+        self
+    }
+
+    /// Reads deadlines from `clock` instead of the system's monotonic clock,
+    /// so tests can step past `reclaim_after` without sleeping. The `wait`
+    /// budget is unaffected: it is timed by Tokio, whose clock tests pause
+    /// with `tokio::time::pause`.
+    pub fn clock(mut self, clock: ManualClock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Checks the configuration, naming the field that is wrong.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.limit == 0 {
+            return Err(ConfigError::new(
+                "limit",
+                "must be at least 1: a bulkhead of 0 slots would shed every call".into(),
+            ));
+        }
+        if self.limit > MAX_SLOTS {
+            return Err(ConfigError::new(
+                "limit",
+                format!(
+                    "{} is over the maximum of {MAX_SLOTS}: a saturated acquire scans every slot",
+                    self.limit
+                ),
+            ));
+        }
+        if self.reclaim_after.is_zero() {
+            return Err(ConfigError::new(
+                "reclaim_after",
+                "must be longer than zero: set it above your client's timeout".into(),
+            ));
+        }
+        if let Some(wait) = self.wait {
+            if wait >= self.reclaim_after {
+                return Err(ConfigError::new(
+                    "wait",
+                    format!(
+                        "{wait:?} must be shorter than reclaim_after ({:?}): an unbounded wait is the pile-up the limit exists to prevent",
+                        self.reclaim_after
+                    ),
+                ));
+            }
+        }
+        if self.max_waiting == Some(0) {
+            return Err(ConfigError::new(
+                "max_waiting",
+                "must be at least 1; to shed at once instead of waiting, leave `wait` unset".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A [`Config`] that was refused, with the field at fault.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    field: &'static str,
+    problem: String,
+}
+
+impl ConfigError {
+    fn new(field: &'static str, problem: String) -> Self {
+        Self { field, problem }
+    }
+
+    /// The name of the configuration field that was refused, e.g. `"wait"`.
+    pub fn field(&self) -> &'static str {
+        self.field
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid bulkhead config: `{}` {}",
+            self.field, self.problem
+        )
+    }
+}
+
+impl std::error::Error for ConfigError {}

@@ -1,0 +1,146 @@
+//! The error a bulkhead returns when it sheds a call.
+
+use std::{fmt, sync::Arc, time::Duration};
+
+/// A call was not started because the bulkhead was full.
+///
+/// This is *your own* backpressure, not the dependency's failure: the wrapped
+/// service never ran, so a retry layer outside the bulkhead should not retry
+/// it blindly and a circuit breaker inside it never sees it. Its HTTP form is
+/// `503 Service Unavailable` with a `Retry-After` hint
+/// ([`http_status`](Self::http_status), [`retry_after`](Self::retry_after)),
+/// unlike a remote's `429 Too Many Requests`.
+///
+/// Through [`ConcurrencyLayer`](crate::ConcurrencyLayer) it arrives inside a
+/// [`BoxError`](crate::BoxError); downcast to get it back:
+///
+/// ```
+/// # use std::time::Duration;
+/// use tower_inflight::{BoxError, ServiceSaturated, ShedReason};
+///
+/// fn describe(error: &BoxError) -> &'static str {
+///     match error.downcast_ref::<ServiceSaturated>() {
+///         Some(shed) if shed.reason() == ShedReason::WaitExpired => "busy, waited in vain",
+///         Some(_) => "busy",
+///         None => "failed",
+///     }
+/// }
+/// # let bulkhead = tower_inflight::Bulkhead::new(tower_inflight::Config::new(1, Duration::from_secs(1)));
+/// # let _held = bulkhead.try_acquire().unwrap();
+/// # let error: BoxError = bulkhead.try_acquire().unwrap_err().into();
+/// # assert_eq!(describe(&error), "busy");
+/// ```
+#[derive(Clone, Debug)]
+pub struct ServiceSaturated {
+    name: Option<Arc<str>>,
+    limit: usize,
+    reason: ShedReason,
+    retry_after: Duration,
+}
+
+/// Why a bulkhead shed a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ShedReason {
+    /// Every slot was held and the bulkhead has no `wait` budget.
+    LimitReached,
+    /// The caller waited its whole `wait` budget and no slot came free.
+    WaitExpired,
+    /// Every slot was held and `max_waiting` callers were already parked.
+    TooManyWaiting,
+}
+
+impl ShedReason {
+    /// A short, stable, lower-case label, fit for logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShedReason::LimitReached => "limit",
+            ShedReason::WaitExpired => "wait_expired",
+            ShedReason::TooManyWaiting => "too_many_waiting",
+        }
+    }
+}
+
+impl fmt::Display for ShedReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ShedReason::LimitReached => "all slots in use",
+            ShedReason::WaitExpired => "no slot came free within the wait budget",
+            ShedReason::TooManyWaiting => "too many callers already waiting",
+        })
+    }
+}
+
+impl ServiceSaturated {
+    pub(crate) fn new(
+        name: Option<Arc<str>>,
+        limit: usize,
+        reason: ShedReason,
+        retry_after: Duration,
+    ) -> Self {
+        Self {
+            name,
+            limit,
+            reason,
+            retry_after,
+        }
+    }
+
+    /// The name of the bulkhead that shed the call, if it was given one.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// The bulkhead's limit: how many calls it lets run at once.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Why the call was shed.
+    pub fn reason(&self) -> ShedReason {
+        self.reason
+    }
+
+    /// How long a client should wait before trying again (the bulkhead's
+    /// [`Config::retry_after`](crate::Config::retry_after)).
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after
+    }
+
+    /// `503 Service Unavailable`: the server's own bulkhead refused the call.
+    pub fn http_status(&self) -> http::StatusCode {
+        http::StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+impl fmt::Display for ServiceSaturated {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.name {
+            Some(name) => write!(f, "bulkhead `{name}` saturated")?,
+            None => f.write_str("bulkhead saturated")?,
+        }
+        write!(f, " (limit {}): {}", self.limit, self.reason)
+    }
+}
+
+impl std::error::Error for ServiceSaturated {}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_names_the_bulkhead_its_limit_and_the_reason() {
+        let shed = ServiceSaturated::new(
+            Some("payments".into()),
+            25,
+            ShedReason::TooManyWaiting,
+            Duration::from_secs(1),
+        );
+        assert_eq!(
+            shed.to_string(),
+            "bulkhead `payments` saturated (limit 25): too many callers already waiting"
+        );
+        assert_eq!(shed.http_status(), http::StatusCode::SERVICE_UNAVAILABLE);
+    }
+}

@@ -1,0 +1,81 @@
+//! The response future.
+
+use crate::error::ServiceSaturated;
+use crate::permit::Permit;
+use crate::BoxError;
+use pin_project_lite::pin_project;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+pin_project! {
+    /// Future for [`Concurrency`](crate::Concurrency)'s responses: the inner
+    /// call holding its slot, or a shed call that fails at once.
+    pub struct ResponseFuture<F> {
+        #[pin]
+        kind: Kind<F>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<F> {
+        Called { #[pin] future: F, permit: Option<Permit> },
+        Shed { shed: Option<ServiceSaturated> },
+    }
+}
+
+impl<F> ResponseFuture<F> {
+    pub(crate) fn called(future: F, permit: Permit) -> Self {
+        Self {
+            kind: Kind::Called {
+                future,
+                permit: Some(permit),
+            },
+        }
+    }
+
+    pub(crate) fn shed(shed: ServiceSaturated) -> Self {
+        Self {
+            kind: Kind::Shed { shed: Some(shed) },
+        }
+    }
+}
+
+impl<F, T, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<T, E>>,
+    E: Into<BoxError>,
+{
+    type Output = Result<T, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Called { future, permit } => {
+                let output = ready!(future.poll(cx));
+                // Free the slot now, not whenever the caller drops this future.
+                drop(permit.take());
+                Poll::Ready(output.map_err(Into::into))
+            }
+            KindProj::Shed { shed } => {
+                let shed = shed
+                    .take()
+                    .expect("`ResponseFuture` polled after completion");
+                Poll::Ready(Err(shed.into()))
+            }
+        }
+    }
+}
+
+impl<F> fmt::Debug for ResponseFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match &self.kind {
+            Kind::Called { .. } => "called",
+            Kind::Shed { .. } => "shed",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("kind", &kind)
+            .finish()
+    }
+}

@@ -1,0 +1,101 @@
+//! A bulkhead for [tower] services: a hard cap on how many calls are in
+//! flight at once.
+//!
+//! Retries bound how hard you try, a circuit breaker bounds how many failures
+//! you tolerate, a rate limiter bounds how often calls *start*. None bounds how
+//! many calls are **in flight at once**, and that is what goes wrong when a
+//! dependency slows down instead of failing: calls still succeed, slowly, so
+//! the breaker sees nothing, while callers pile up inside your application,
+//! each holding a pooled connection and whatever memory it carried.
+//!
+//! [`ConcurrencyLayer`] caps that. Each call (each retry *attempt*) takes one
+//! slot of a shared [`Bulkhead`]; over the limit the call is not started and
+//! fails at once with [`ServiceSaturated`] (your own backpressure: HTTP 503,
+//! not a failure of the dependency). A slot is free again the instant its call
+//! finishes: there is no cooldown.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
+//! use tower_inflight::{Config, ConcurrencyLayer, ServiceSaturated};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), BoxError> {
+//! let layer = ConcurrencyLayer::new(
+//!     Config::new(25, Duration::from_secs(30)) // at most 25 in flight; reclaim after 30 s
+//!         .wait(Duration::from_millis(50))     // a burst may wait up to 50 ms for a slot
+//!         .name("payments"),
+//! );
+//! let bulkhead = layer.bulkhead();
+//! let mut payments = ServiceBuilder::new()
+//!     .layer(layer)
+//!     .service_fn(|amount: u64| async move { Ok::<_, BoxError>(amount * 2) });
+//!
+//! match payments.ready().await?.call(21).await {
+//!     Ok(doubled) => assert_eq!(doubled, 42),
+//!     Err(error) if error.is::<ServiceSaturated>() => { /* 503, serve stale, enqueue... */ }
+//!     Err(error) => return Err(error),
+//! }
+//! assert_eq!(bulkhead.in_flight(), 0);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What happens over the limit
+//!
+//! Nothing is dropped and, by default, nothing waits: the inner service is not
+//! called and the response future fails with [`ServiceSaturated`]. The caller
+//! decides what to do: answer 503 with `Retry-After`, serve something stale,
+//! enqueue the work. Saturation never surfaces as a `poll_ready` error, so it
+//! does not poison `Buffer` or `Balance` in front of the layer.
+//!
+//! With [`Config::wait`] a caller may wait a bounded time for a slot, holding
+//! none meanwhile. Freed slots go to waiting callers oldest first, and new
+//! arrivals never overtake them; [`Config::max_waiting`] caps how many wait.
+//!
+//! # Slots that are never released
+//!
+//! A slot is released when its call completes, fails, panics, is cancelled or
+//! times out: when its [`Permit`] is dropped. What no `Drop` can cover (a
+//! leaked future, `mem::forget`, a holder wedged forever) is reclaimed once the
+//! slot has been held for `reclaim_after`, which is why that setting is
+//! required: set it above your client's timeout. Release is a
+//! compare-and-exchange of the exact word the acquire wrote, so a late release
+//! never frees a slot that was reclaimed and handed to someone else.
+//!
+//! # Where to put it in a stack
+//!
+//! Outermost first: retry → rate limit → **concurrency** → circuit breaker →
+//! timeout → service. Retry outside gives each attempt its own slot (a call in
+//! backoff holds none); a rate limiter outside means a caller sleeping on its
+//! quota holds no slot; the breaker inside never sees saturation, which is not
+//! the dependency's fault; the timeout inside frees the slot when a call hangs.
+//!
+//! [tower]: https://docs.rs/tower
+
+mod acquire;
+mod bulkhead;
+mod clock;
+mod config;
+mod error;
+mod future;
+mod layer;
+mod permit;
+mod service;
+mod slots;
+mod sync;
+mod waiters;
+
+pub use acquire::Acquire;
+pub use bulkhead::Bulkhead;
+pub use clock::ManualClock;
+pub use config::{Config, ConfigError};
+pub use error::{ServiceSaturated, ShedReason};
+pub use future::ResponseFuture;
+pub use layer::ConcurrencyLayer;
+pub use permit::Permit;
+pub use service::Concurrency;
+
+/// The error type of [`Concurrency`]: the inner service's error, or
+/// [`ServiceSaturated`], boxed.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

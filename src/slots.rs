@@ -1,0 +1,249 @@
+//! The slot table: one atomic word a slot, the whole of the fast path.
+//!
+//! A slot word packs the deadline until which the slot counts as held (high
+//! 42 bits, in clock ticks) and a generation (low 22 bits) that every write to
+//! the slot bumps. A slot is free exactly when its deadline has passed; a
+//! released slot has deadline 0, which has always passed. There is no "free"
+//! value to race for: acquire compares-and-exchanges the exact word it read,
+//! and release compares-and-exchanges the exact word acquire wrote, so a
+//! holder whose slot was reclaimed (or cleared by `reset`) and handed on can
+//! never free the new holder's slot. Deadline and generation together make a
+//! word unique: it would take 2^22 writes to one slot within one tick for a
+//! word to repeat.
+//!
+//! # Memory ordering
+//!
+//! A claim is `AcqRel`, so whatever the previous holder did happens-before
+//! the next holder's work. A release is `SeqCst`, and so are the loads that
+//! the waiter queue makes of the slots after it counts a new waiter in: with
+//! the releaser's `SeqCst` load of that count, this is the store-buffering
+//! pattern that guarantees either the releaser sees the waiter or the waiter
+//! sees the freed slot, so no caller parks beside a free slot.
+
+use crate::sync::{AtomicU64, Ordering};
+use std::cell::Cell;
+
+const GENERATION_BITS: u32 = 22;
+const GENERATION_MASK: u64 = (1 << GENERATION_BITS) - 1;
+/// The largest deadline a word can hold: about 136 years of ticks.
+const MAX_DEADLINE: u64 = u64::MAX >> GENERATION_BITS;
+
+/// The largest `limit` a bulkhead accepts. A saturated acquire reads every
+/// slot, so the table must stay small enough to scan in microseconds.
+pub(crate) const MAX_SLOTS: usize = 1 << 16;
+
+/// One slot on its own cache line, so callers that hold neighbouring slots
+/// do not slow each other down.
+#[derive(Debug)]
+#[repr(align(64))]
+struct Slot(AtomicU64);
+
+/// A slot held by a claim: its index and the exact word the claim wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Claim {
+    pub(crate) index: usize,
+    pub(crate) word: u64,
+    /// The slot was taken from a holder whose deadline passed without a release.
+    pub(crate) reclaimed: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct SlotTable {
+    slots: Box<[Slot]>,
+    /// `reclaim_after`, in ticks.
+    hold: u64,
+}
+
+fn deadline(word: u64) -> u64 {
+    word >> GENERATION_BITS
+}
+
+fn next_generation(word: u64) -> u64 {
+    (word.wrapping_add(1)) & GENERATION_MASK
+}
+
+impl SlotTable {
+    pub(crate) fn new(limit: usize, hold: u64) -> Self {
+        let slots = (0..limit).map(|_| Slot(AtomicU64::new(0))).collect();
+        Self { slots, hold }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Takes the first free slot at or after this thread's start index.
+    #[inline]
+    pub(crate) fn try_claim(&self, now: u64, order: Ordering) -> Option<Claim> {
+        let held_until = now.saturating_add(self.hold).min(MAX_DEADLINE) << GENERATION_BITS;
+        let len = self.slots.len();
+        let mut index = start_index(len);
+        for _ in 0..len {
+            let slot = &self.slots[index].0;
+            let word = slot.load(order);
+            let until = deadline(word);
+            if until <= now {
+                let new = held_until | next_generation(word);
+                if slot
+                    .compare_exchange(word, new, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    let reclaimed = until != 0;
+                    return Some(Claim {
+                        index,
+                        word: new,
+                        reclaimed,
+                    });
+                }
+            }
+            index += 1;
+            if index == len {
+                index = 0;
+            }
+        }
+        None
+    }
+
+    /// Frees the slot if it still holds the claim's word. Returns whether it
+    /// did: `false` means the slot was reclaimed or reset since, and belongs
+    /// to someone else now.
+    #[inline]
+    pub(crate) fn release(&self, claim: &Claim) -> bool {
+        let freed = claim.word & GENERATION_MASK;
+        self.slots[claim.index]
+            .0
+            .compare_exchange(claim.word, freed, Ordering::SeqCst, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Frees every slot, whoever holds it. Each word gets a new generation, so
+    /// the permits that held them can no longer release anything.
+    pub(crate) fn reset(&self) {
+        for slot in self.slots.iter() {
+            let _ = slot
+                .0
+                .fetch_update(Ordering::SeqCst, Ordering::Relaxed, |word| {
+                    Some(next_generation(word))
+                });
+        }
+    }
+
+    /// How many slots are held at `now`.
+    pub(crate) fn held(&self, now: u64) -> usize {
+        self.slots
+            .iter()
+            .filter(|slot| deadline(slot.0.load(Ordering::Relaxed)) > now)
+            .count()
+    }
+
+    /// Whether any slot is free at `now`, without taking it.
+    pub(crate) fn any_free(&self, now: u64) -> bool {
+        self.slots
+            .iter()
+            .any(|slot| deadline(slot.0.load(Ordering::Relaxed)) <= now)
+    }
+}
+
+/// Where this thread starts its scan: a per-thread hash mapped onto
+/// `0..len` by a multiply and a shift (a division would cost more than the
+/// rest of the claim), so threads spread out over the table instead of all
+/// fighting over slot 0, while one thread keeps finding the slot it released.
+#[inline]
+fn start_index(len: usize) -> usize {
+    thread_local! {
+        static HASH: Cell<u32> = const { Cell::new(0) };
+    }
+    let hash = HASH.with(|hash| {
+        let mut value = hash.get();
+        if value == 0 {
+            value = new_thread_hash();
+            hash.set(value);
+        }
+        value
+    });
+    ((u64::from(hash) * len as u64) >> 32) as usize
+}
+
+#[cold]
+fn new_thread_hash() -> u32 {
+    use std::sync::atomic::AtomicU32;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    // Successive threads land far apart: Fibonacci hashing of a counter.
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    n.wrapping_mul(0x9E37_79B9).max(1)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    const HOLD: u64 = 100;
+
+    #[test]
+    fn claims_until_full_then_refuses() {
+        let table = SlotTable::new(3, HOLD);
+        let claims: Vec<_> = (0..3)
+            .map(|_| table.try_claim(1, Ordering::Relaxed))
+            .collect();
+        assert!(claims.iter().all(Option::is_some));
+        assert_eq!(table.held(1), 3);
+        assert_eq!(table.try_claim(1, Ordering::Relaxed), None);
+    }
+
+    #[test]
+    fn release_frees_exactly_one_slot() {
+        let table = SlotTable::new(2, HOLD);
+        let a = table.try_claim(1, Ordering::Relaxed).unwrap();
+        let _b = table.try_claim(1, Ordering::Relaxed).unwrap();
+        assert!(table.release(&a));
+        assert_eq!(table.held(1), 1);
+        assert!(!table.release(&a), "a second release must do nothing");
+        assert_eq!(table.held(1), 1);
+    }
+
+    #[test]
+    fn expired_slot_is_reclaimed_and_late_release_leaves_new_holder() {
+        let table = SlotTable::new(1, HOLD);
+        let old = table.try_claim(1, Ordering::Relaxed).unwrap();
+        assert!(!old.reclaimed);
+        assert_eq!(table.try_claim(HOLD, Ordering::Relaxed), None);
+        let new = table.try_claim(1 + HOLD, Ordering::Relaxed).unwrap();
+        assert!(new.reclaimed);
+        assert!(!table.release(&old));
+        assert_eq!(table.held(1 + HOLD), 1);
+        assert!(table.release(&new));
+    }
+
+    #[test]
+    fn reset_in_the_same_tick_gives_new_holders_new_words() {
+        let table = SlotTable::new(1, HOLD);
+        let old = table.try_claim(5, Ordering::Relaxed).unwrap();
+        table.reset();
+        let new = table.try_claim(5, Ordering::Relaxed).unwrap();
+        assert_ne!(old.word, new.word);
+        assert!(!table.release(&old));
+        assert_eq!(table.held(5), 1);
+    }
+
+    #[test]
+    fn generation_wraps_without_touching_the_deadline() {
+        let word = (7 << GENERATION_BITS) | GENERATION_MASK;
+        assert_eq!(next_generation(word), 0);
+        assert_eq!(deadline(word), 7);
+    }
+
+    #[test]
+    fn huge_hold_saturates_instead_of_wrapping() {
+        let table = SlotTable::new(1, u64::MAX);
+        let claim = table.try_claim(1, Ordering::Relaxed).unwrap();
+        assert_eq!(deadline(claim.word), MAX_DEADLINE);
+        assert_eq!(table.held(MAX_DEADLINE - 1), 1);
+    }
+
+    #[test]
+    fn start_index_stays_in_range() {
+        for len in [1, 2, 3, 25, 64, MAX_SLOTS] {
+            assert!(start_index(len) < len);
+        }
+    }
+}

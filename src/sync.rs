@@ -1,0 +1,30 @@
+//! The atomics and locks the crate uses, from `std` normally and from `loom`
+//! under `cfg(loom)`, so the same slot-table code runs in loom's models.
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::{
+    atomic::{AtomicU64, AtomicUsize, Ordering},
+    Arc, Mutex, MutexGuard,
+};
+
+#[cfg(loom)]
+pub(crate) use loom::sync::{
+    atomic::{AtomicU64, AtomicUsize, Ordering},
+    Arc, Mutex, MutexGuard,
+};
+
+/// Locks `mutex`, ignoring poison: every critical section in this crate
+/// leaves its data consistent before anything in it can panic, so a poisoned
+/// lock carries no broken invariant, and a request path must never panic.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    #[cfg(not(loom))]
+    {
+        mutex
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+    #[cfg(loom)]
+    {
+        mutex.lock().unwrap()
+    }
+}

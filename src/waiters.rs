@@ -1,0 +1,203 @@
+//! The queue of callers parked for a slot.
+//!
+//! It is touched only when the bulkhead is full: the fast path reads the
+//! `parked` count, and nothing else, to learn that nobody is waiting. Parked
+//! callers are served oldest first, and a freed slot goes straight to the head
+//! of the line (the releaser claims it on the head's behalf), so a new arrival
+//! can never take it first.
+//!
+//! A caller that gives up stays in the queue, marked done, until it reaches
+//! the front: removing it from the middle would cost a search, and the
+//! dispatcher skips it for free.
+
+use crate::slots::{Claim, SlotTable};
+use crate::sync::{lock, Arc, AtomicUsize, Mutex, Ordering};
+use std::collections::VecDeque;
+use std::task::{Context, Poll, Waker};
+
+#[derive(Debug, Default)]
+pub(crate) struct Waiters {
+    /// How many nodes in `queue` are `Parked`. Written only under the lock.
+    parked: AtomicUsize,
+    queue: Mutex<VecDeque<Arc<Node>>>,
+}
+
+/// One parked caller, shared between the queue and the caller's future.
+#[derive(Debug)]
+pub(crate) struct Node {
+    state: Mutex<NodeState>,
+}
+
+#[derive(Debug)]
+enum NodeState {
+    Parked(Option<Waker>),
+    /// A slot was claimed for this caller and is its to take.
+    Granted(Claim),
+    /// Taken, expired or cancelled.
+    Done,
+}
+
+/// What a caller that may wait gets on arrival.
+#[derive(Debug)]
+pub(crate) enum Arrival {
+    Admitted(Claim),
+    Parked(Arc<Node>),
+    QueueFull,
+}
+
+impl Waiters {
+    /// Callers parked now. `Relaxed`: the fast path only needs a hint, since a
+    /// caller that misses a parked neighbour arrived, in effect, before it.
+    #[inline]
+    pub(crate) fn parked(&self) -> usize {
+        self.parked.load(Ordering::Relaxed)
+    }
+
+    /// Called after a slot is freed: hands free slots to parked callers. The
+    /// `SeqCst` load pairs with the `SeqCst` release in the slot table (see
+    /// the slot table's "Memory ordering").
+    #[inline]
+    pub(crate) fn after_release(&self, slots: &SlotTable, now: u64) {
+        if self.parked.load(Ordering::SeqCst) > 0 {
+            self.dispatch(&mut lock(&self.queue), slots, now);
+        }
+    }
+
+    /// A caller that may not wait, arriving while others are parked: it gets a
+    /// slot only if one is still free once every parked caller has been served.
+    pub(crate) fn claim_behind_parked(&self, slots: &SlotTable, now: u64) -> Option<Claim> {
+        let mut queue = lock(&self.queue);
+        self.dispatch(&mut queue, slots, now);
+        if self.parked.load(Ordering::SeqCst) == 0 {
+            slots.try_claim(now, Ordering::SeqCst)
+        } else {
+            None
+        }
+    }
+
+    /// A caller that may wait: admitted if nobody is parked and a slot is
+    /// free, otherwise parked at the tail of the line (unless `max_parked`
+    /// callers already are).
+    pub(crate) fn arrive(&self, slots: &SlotTable, now: u64, max_parked: Option<usize>) -> Arrival {
+        let mut queue = lock(&self.queue);
+        self.dispatch(&mut queue, slots, now);
+        let parked = self.parked.load(Ordering::SeqCst);
+        if parked == 0 {
+            if let Some(claim) = slots.try_claim(now, Ordering::SeqCst) {
+                return Arrival::Admitted(claim);
+            }
+        }
+        if max_parked.is_some_and(|max| parked >= max) {
+            return Arrival::QueueFull;
+        }
+        let node = Arc::new(Node {
+            state: Mutex::new(NodeState::Parked(None)),
+        });
+        queue.push_back(node.clone());
+        self.parked.fetch_add(1, Ordering::SeqCst);
+        // A slot freed after the scan above, by a releaser that read
+        // `parked` before the increment, is found here.
+        self.dispatch(&mut queue, slots, now);
+        Arrival::Parked(node)
+    }
+
+    /// Hands free slots to parked callers, oldest first, until either runs out.
+    fn dispatch(&self, queue: &mut VecDeque<Arc<Node>>, slots: &SlotTable, now: u64) {
+        while self.parked.load(Ordering::SeqCst) > 0 {
+            let Some(claim) = slots.try_claim(now, Ordering::SeqCst) else {
+                break;
+            };
+            if !self.grant_oldest(queue, claim) {
+                // `parked` and the queue disagree; never strand the slot.
+                slots.release(&claim);
+                self.parked.store(0, Ordering::SeqCst);
+            }
+        }
+        if self.parked.load(Ordering::SeqCst) == 0 {
+            queue.clear();
+        }
+    }
+
+    fn grant_oldest(&self, queue: &mut VecDeque<Arc<Node>>, claim: Claim) -> bool {
+        while let Some(node) = queue.pop_front() {
+            let mut state = lock(&node.state);
+            if let NodeState::Parked(waker) = &mut *state {
+                let waker = waker.take();
+                *state = NodeState::Granted(claim);
+                self.parked.fetch_sub(1, Ordering::SeqCst);
+                drop(state);
+                if let Some(waker) = waker {
+                    waker.wake();
+                }
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The caller behind `node` checks for its slot, leaving its waker to be
+    /// woken by if none has come yet.
+    pub(crate) fn poll_granted(&self, node: &Node, cx: &mut Context<'_>) -> Poll<Claim> {
+        let mut state = lock(&node.state);
+        match &mut *state {
+            NodeState::Granted(claim) => {
+                let claim = *claim;
+                *state = NodeState::Done;
+                Poll::Ready(claim)
+            }
+            NodeState::Parked(waker) => {
+                match waker {
+                    Some(waker) if waker.will_wake(cx.waker()) => {}
+                    _ => *waker = Some(cx.waker().clone()),
+                }
+                Poll::Pending
+            }
+            NodeState::Done => Poll::Pending,
+        }
+    }
+
+    /// The caller behind `node` leaves the line (its budget ran out, or it was
+    /// dropped). Returns the slot it was granted meanwhile, if any; the caller
+    /// decides whether to use it or to release it for the next in line.
+    /// `last_chance`: first hand out slots that came free without a release
+    /// (reclaimed ones), so that nobody gives up beside a free slot.
+    pub(crate) fn leave(
+        &self,
+        node: &Node,
+        slots: &SlotTable,
+        now: u64,
+        last_chance: bool,
+    ) -> Option<Claim> {
+        let mut queue = lock(&self.queue);
+        if last_chance {
+            self.dispatch(&mut queue, slots, now);
+        }
+        let mut state = lock(&node.state);
+        match std::mem::replace(&mut *state, NodeState::Done) {
+            NodeState::Granted(claim) => Some(claim),
+            NodeState::Parked(_) => {
+                self.parked.fetch_sub(1, Ordering::SeqCst);
+                drop(state);
+                self.drop_finished_front(&mut queue);
+                None
+            }
+            NodeState::Done => None,
+        }
+    }
+
+    /// Callers give up mostly in arrival order, so the nodes they leave behind
+    /// sit at the front: pop them now rather than let the queue grow while no
+    /// slot comes free.
+    fn drop_finished_front(&self, queue: &mut VecDeque<Arc<Node>>) {
+        if self.parked.load(Ordering::SeqCst) == 0 {
+            queue.clear();
+            return;
+        }
+        while let Some(front) = queue.front() {
+            if !matches!(*lock(&front.state), NodeState::Done) {
+                break;
+            }
+            queue.pop_front();
+        }
+    }
+}
