@@ -73,6 +73,8 @@
 //!
 //! [tower]: https://docs.rs/tower
 
+#![forbid(unsafe_code)]
+
 mod acquire;
 mod bulkhead;
 mod clock;

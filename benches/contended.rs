@@ -1,0 +1,105 @@
+//! `try_acquire` + drop from two OS threads at once on one shared bulkhead
+//! (limit 25), next to the same on one shared `tokio::sync::Semaphore` (25
+//! permits), borrowed and owned (`try_acquire_owned` clones an `Arc`, as a
+//! bulkhead `Permit` does).
+//!
+//! Each measurement of `iters` iterations splits them between two threads
+//! that start together at a barrier; the time is from the first thread's
+//! start to the last thread's end. The reported time per iteration is thus
+//! wall time per acquire + release *of the pair*, the inverse of the
+//! aggregate throughput (lower is better; with perfect scaling it would be
+//! half the single-threaded `fast_path` figure).
+//!
+//! Run with `CARGO_TARGET_DIR=/work/target-bench cargo bench --bench contended`.
+
+use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
+use tower_inflight::{Bulkhead, Config};
+
+const LIMIT: usize = 25;
+const THREADS: u64 = 2;
+
+/// Runs `op` `iters` times in all, split over `THREADS` threads started
+/// together, and returns the wall time from the first start to the last end.
+fn run_threads<F>(iters: u64, op: F) -> Duration
+where
+    F: Fn() + Sync,
+{
+    let barrier = Barrier::new(THREADS as usize);
+    let spans: Vec<(Instant, Instant)> = thread::scope(|scope| {
+        let workers: Vec<_> = (0..THREADS)
+            .map(|thread| {
+                let share = iters / THREADS + u64::from(thread < iters % THREADS);
+                let (barrier, op) = (&barrier, &op);
+                scope.spawn(move || {
+                    barrier.wait();
+                    let start = Instant::now();
+                    for _ in 0..share {
+                        op();
+                    }
+                    (start, Instant::now())
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|worker| worker.join().expect("a worker panicked"))
+            .collect()
+    });
+    let start = spans.iter().map(|span| span.0).min().expect("two spans");
+    let end = spans.iter().map(|span| span.1).max().expect("two spans");
+    end - start
+}
+
+fn contended(c: &mut Criterion) {
+    let mut group = c.benchmark_group("contended");
+
+    let ours = Bulkhead::new(Config::new(LIMIT, Duration::from_secs(30)));
+    group.bench_function("ours", |b| {
+        b.iter_custom(|iters| {
+            run_threads(iters, || {
+                let permit = black_box(&ours).try_acquire();
+                black_box(permit.is_ok());
+            })
+        })
+    });
+
+    let semaphore = Semaphore::new(LIMIT);
+    group.bench_function("tokio_semaphore", |b| {
+        b.iter_custom(|iters| {
+            run_threads(iters, || {
+                let permit = black_box(&semaphore).try_acquire();
+                black_box(permit.is_ok());
+            })
+        })
+    });
+
+    let owned = Arc::new(Semaphore::new(LIMIT));
+    group.bench_function("tokio_semaphore_owned", |b| {
+        b.iter_custom(|iters| {
+            run_threads(iters, || {
+                let permit = black_box(&owned).clone().try_acquire_owned();
+                black_box(permit.is_ok());
+            })
+        })
+    });
+
+    group.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(30)
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = contended
+}
+criterion_main!(benches);

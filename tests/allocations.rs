@@ -1,0 +1,128 @@
+//! The bulkhead allocates nothing per call in steady state: not to admit a
+//! call, not to release it, not to shed it.
+//!
+//! A counting global allocator counts each thread's allocations apart, so the
+//! test harness's own threads do not blur what a test's loop allocates.
+
+// A global allocator is an `unsafe impl`; the library itself forbids `unsafe`.
+#![allow(unsafe_code)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::convert::Infallible;
+use std::future::{ready, Future};
+use std::pin::pin;
+use std::cell::Cell;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+use tower::{service_fn, Layer, Service};
+use tower_inflight::{Bulkhead, ConcurrencyLayer, Config};
+
+struct CountingAllocator;
+
+thread_local! {
+    // `const` and free of `Drop`: reading it never allocates, which a
+    // counter inside the allocator depends on.
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+fn count_one() {
+    ALLOCATIONS.with(|count| count.set(count.get() + 1));
+}
+
+// SAFETY: every call forwards to the system allocator unchanged; the
+// counter is the only addition.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count_one();
+        System.alloc(layout)
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count_one();
+        System.realloc(ptr, layout, new_size)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAllocator = CountingAllocator;
+
+fn allocations_during(mut work: impl FnMut()) -> usize {
+    work(); // warm up: thread-locals, lazily built statics
+    let before = ALLOCATIONS.with(Cell::get);
+    for _ in 0..1_000 {
+        work();
+    }
+    ALLOCATIONS.with(Cell::get) - before
+}
+
+fn poll_once<F: Future>(future: F) -> Poll<F::Output> {
+    let mut future = pin!(future);
+    future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+}
+
+fn config() -> Config {
+    Config::new(4, Duration::from_secs(30)).name("alloc")
+}
+
+#[test]
+fn admitting_and_releasing_a_permit_allocates_nothing() {
+    let bulkhead = Bulkhead::new(config());
+    let count = allocations_during(|| drop(bulkhead.try_acquire().unwrap()));
+    assert_eq!(count, 0);
+}
+
+#[test]
+fn shedding_from_a_full_bulkhead_allocates_nothing() {
+    let bulkhead = Bulkhead::new(config());
+    let _held: Vec<_> = (0..4).map(|_| bulkhead.try_acquire().unwrap()).collect();
+    let count = allocations_during(|| assert!(bulkhead.try_acquire().is_err()));
+    assert_eq!(count, 0);
+}
+
+#[test]
+fn a_call_through_the_layer_allocates_nothing() {
+    let layer = ConcurrencyLayer::new(config());
+    let mut service = layer.layer(service_fn(|x: u64| ready(Ok::<_, Infallible>(x))));
+    let count = allocations_during(|| {
+        assert!(matches!(
+            poll_once(std::future::poll_fn(|cx| service.poll_ready(cx))),
+            Poll::Ready(Ok(()))
+        ));
+        assert!(matches!(poll_once(service.call(7)), Poll::Ready(Ok(7))));
+    });
+    assert_eq!(count, 0);
+    assert_eq!(layer.bulkhead().in_flight(), 0);
+}
+
+#[test]
+fn an_acquire_that_does_not_wait_allocates_nothing() {
+    let bulkhead = Bulkhead::new(config().wait(Duration::from_millis(10)));
+    let count = allocations_during(|| {
+        assert!(matches!(poll_once(bulkhead.acquire()), Poll::Ready(Ok(_))));
+    });
+    assert_eq!(count, 0);
+}
+
+#[test]
+fn a_shed_call_through_the_layer_allocates_only_its_boxed_error() {
+    let layer = ConcurrencyLayer::new(config());
+    let bulkhead = layer.bulkhead();
+    let _held: Vec<_> = (0..4).map(|_| bulkhead.try_acquire().unwrap()).collect();
+    let mut service = layer.layer(service_fn(|x: u64| ready(Ok::<_, Infallible>(x))));
+    let count = allocations_during(|| {
+        assert!(matches!(
+            poll_once(std::future::poll_fn(|cx| service.poll_ready(cx))),
+            Poll::Ready(Ok(()))
+        ));
+        assert!(matches!(poll_once(service.call(7)), Poll::Ready(Err(_))));
+    });
+    // `Concurrency`'s error type is `BoxError`: boxing `ServiceSaturated`
+    // is one allocation, and nothing else allocates.
+    assert_eq!(count, 1_000);
+}
