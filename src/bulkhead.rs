@@ -6,7 +6,7 @@ use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::permit::Permit;
 use crate::slots::{Claim, SlotTable};
-use crate::sync::{Arc, Ordering};
+use crate::sync::{Arc, AtomicU64, Ordering};
 use crate::waiters::Waiters;
 use std::fmt;
 
@@ -47,6 +47,8 @@ pub(crate) struct Shared {
     slots: SlotTable,
     clock: Clock,
     waiters: Waiters,
+    /// Bytes of the budget reserved now; never above `config.max_bytes`.
+    bytes_reserved: AtomicU64,
     config: Config,
 }
 
@@ -73,6 +75,7 @@ impl Bulkhead {
             slots: SlotTable::new(config.limit, clock::ticks(config.reclaim_after)),
             clock,
             waiters: Waiters::default(),
+            bytes_reserved: AtomicU64::new(0),
             config,
         };
         Ok(Self {
@@ -129,6 +132,48 @@ impl Bulkhead {
     /// ```
     pub fn acquire(&self) -> Acquire {
         Acquire::new(self.shared.clone())
+    }
+
+    /// Takes a slot and `bytes` of the byte budget together, or neither;
+    /// never waits.
+    ///
+    /// When a slot is free but the bytes are not, the slot is given back and
+    /// the call is shed with [`ShedReason::Bytes`]. Without a byte budget
+    /// ([`Config::max_bytes`]) this is [`try_acquire`](Self::try_acquire).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_inflight::{Bulkhead, Config, ShedReason};
+    ///
+    /// let bulkhead = Bulkhead::new(Config::new(4, Duration::from_secs(30)).max_bytes(1 << 20));
+    /// let first = bulkhead.try_acquire_bytes(600 << 10).unwrap();
+    /// let shed = bulkhead.try_acquire_bytes(600 << 10).unwrap_err();
+    /// assert_eq!(shed.reason(), ShedReason::Bytes);
+    /// assert_eq!(bulkhead.in_flight(), 1); // the second call's slot was given back
+    /// drop(first);
+    /// assert!(bulkhead.try_acquire_bytes(600 << 10).is_ok());
+    /// ```
+    pub fn try_acquire_bytes(&self, bytes: u64) -> Result<Permit, ServiceSaturated> {
+        let permit = self.try_acquire()?;
+        self.shared.reserve_bytes(permit, bytes)
+    }
+
+    /// Takes a slot, waiting for one up to the `wait` budget, then `bytes` of
+    /// the byte budget; if the bytes are not free, gives the slot back and
+    /// sheds with [`ShedReason::Bytes`]. Bytes are never waited for.
+    pub async fn acquire_bytes(&self, bytes: u64) -> Result<Permit, ServiceSaturated> {
+        let permit = self.acquire().await?;
+        self.shared.reserve_bytes(permit, bytes)
+    }
+
+    /// Bytes of the budget reserved now.
+    pub fn bytes_reserved(&self) -> u64 {
+        self.shared.bytes_reserved.load(Ordering::SeqCst)
+    }
+
+    /// The byte budget, if the configuration set one.
+    pub fn max_bytes(&self) -> Option<u64> {
+        self.shared.config.max_bytes
     }
 
     /// How many slots are held now (including slots held by leaked permits
@@ -211,6 +256,30 @@ impl Shared {
         self.waiters.after_release(&self.slots, self.clock.now());
     }
 
+    /// Adds `bytes` to `permit`, or drops it (handing its slot on) if the
+    /// budget cannot take them.
+    fn reserve_bytes(&self, permit: Permit, bytes: u64) -> Result<Permit, ServiceSaturated> {
+        let Some(max) = self.config.max_bytes else {
+            return Ok(permit);
+        };
+        let reserved =
+            self.bytes_reserved
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |reserved| {
+                    reserved.checked_add(bytes).filter(|&total| total <= max)
+                });
+        match reserved {
+            Ok(_) => Ok(permit.with_bytes(bytes)),
+            Err(_) => {
+                drop(permit);
+                Err(self.saturated(ShedReason::Bytes))
+            }
+        }
+    }
+
+    pub(crate) fn release_bytes(&self, bytes: u64) {
+        self.bytes_reserved.fetch_sub(bytes, Ordering::SeqCst);
+    }
+
     /// Whether a caller arriving now would be admitted without waiting.
     pub(crate) fn has_room(&self) -> bool {
         self.waiters.parked() == 0 && self.slots.any_free(self.clock.now())
@@ -249,6 +318,7 @@ impl fmt::Debug for Bulkhead {
             .field("limit", &self.limit())
             .field("in_flight", &self.in_flight())
             .field("waiting", &self.waiting())
+            .field("bytes_reserved", &self.bytes_reserved())
             .finish()
     }
 }

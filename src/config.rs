@@ -34,6 +34,7 @@ pub struct Config {
     pub(crate) name: Option<Arc<str>>,
     pub(crate) retry_after: Duration,
     pub(crate) clock: Option<ManualClock>,
+    pub(crate) max_bytes: Option<u64>,
 }
 
 impl Config {
@@ -51,6 +52,7 @@ impl Config {
             name: None,
             retry_after: Duration::from_secs(1),
             clock: None,
+            max_bytes: None,
         }
     }
 
@@ -83,6 +85,16 @@ impl Config {
     /// gives clients (one second by default).
     pub fn retry_after(mut self, retry_after: Duration) -> Self {
         self.retry_after = retry_after;
+        self
+    }
+
+    /// Gives the bulkhead a byte budget beside its slots: a call admitted by
+    /// [`Bulkhead::try_acquire_bytes`](crate::Bulkhead::try_acquire_bytes) or
+    /// [`acquire_bytes`](crate::Bulkhead::acquire_bytes) takes a slot *and* its
+    /// share of `max_bytes`, or neither. A count of calls bounds no bytes: a
+    /// few admitted requests can hold far more memory than the rest together.
+    pub fn max_bytes(mut self, max_bytes: u64) -> Self {
+        self.max_bytes = Some(max_bytes);
         self
     }
 
@@ -133,6 +145,13 @@ impl Config {
             return Err(ConfigError::new(
                 "max_waiting",
                 "must be at least 1; to shed at once instead of waiting, leave `wait` unset".into(),
+            ));
+        }
+        if self.max_bytes == Some(0) {
+            return Err(ConfigError::new(
+                "max_bytes",
+                "must be at least 1: a byte budget of 0 would shed every call that carries a body"
+                    .into(),
             ));
         }
         Ok(())

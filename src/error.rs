@@ -48,6 +48,10 @@ pub enum ShedReason {
     WaitExpired,
     /// Every slot was held and `max_waiting` callers were already parked.
     TooManyWaiting,
+    /// A slot was free but the byte budget
+    /// ([`Config::max_bytes`](crate::Config::max_bytes)) was not; the slot
+    /// was given back.
+    Bytes,
 }
 
 impl ShedReason {
@@ -57,6 +61,7 @@ impl ShedReason {
             ShedReason::LimitReached => "limit",
             ShedReason::WaitExpired => "wait_expired",
             ShedReason::TooManyWaiting => "too_many_waiting",
+            ShedReason::Bytes => "bytes",
         }
     }
 }
@@ -67,6 +72,7 @@ impl fmt::Display for ShedReason {
             ShedReason::LimitReached => "all slots in use",
             ShedReason::WaitExpired => "no slot came free within the wait budget",
             ShedReason::TooManyWaiting => "too many callers already waiting",
+            ShedReason::Bytes => "the byte budget is spent",
         })
     }
 }

@@ -95,7 +95,7 @@ pub use config::{Config, ConfigError};
 pub use error::{ServiceSaturated, ShedReason};
 pub use future::ResponseFuture;
 pub use layer::ConcurrencyLayer;
-pub use permit::Permit;
+pub use permit::{ByteReservation, Permit};
 pub use service::Concurrency;
 
 /// The error type of [`Concurrency`]: the inner service's error, or

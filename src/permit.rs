@@ -1,4 +1,5 @@
-//! The permit: one held slot, given back when dropped.
+//! The permit: one held slot (and, where taken, a share of the byte budget),
+//! given back when dropped.
 
 use crate::bulkhead::Shared;
 use crate::slots::Claim;
@@ -6,7 +7,7 @@ use crate::sync::Arc;
 use std::fmt;
 
 /// One slot of a [`Bulkhead`](crate::Bulkhead), held until the permit is
-/// dropped.
+/// dropped, and the bytes reserved with it, if any.
 ///
 /// A permit is `Send` and `'static`: move it into a spawned task or a
 /// response body so that the slot lives exactly as long as the work it stands
@@ -18,11 +19,33 @@ use std::fmt;
 pub struct Permit {
     shared: Arc<Shared>,
     claim: Claim,
+    bytes: u64,
+}
+
+/// A share of a bulkhead's byte budget, returned when dropped.
+///
+/// Split from a [`Permit`] with [`Permit::split_bytes`] when the bytes must
+/// outlive the call's slot, or come back before it: the budget stands for a
+/// buffer, so it should come back after the last access to that buffer, while
+/// the slot comes back when the work completes.
+#[must_use = "the bytes are returned as soon as the reservation is dropped"]
+pub struct ByteReservation {
+    shared: Arc<Shared>,
+    bytes: u64,
 }
 
 impl Permit {
     pub(crate) fn new(shared: Arc<Shared>, claim: Claim) -> Self {
-        Self { shared, claim }
+        Self {
+            shared,
+            claim,
+            bytes: 0,
+        }
+    }
+
+    pub(crate) fn with_bytes(mut self, bytes: u64) -> Self {
+        self.bytes = bytes;
+        self
     }
 
     /// Whether this slot was reclaimed from an earlier holder that kept it
@@ -31,11 +54,57 @@ impl Permit {
     pub fn was_reclaimed(&self) -> bool {
         self.claim.reclaimed
     }
+
+    /// The bytes of the budget this permit holds (0 if none were reserved, or
+    /// they were split off).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Moves the permit's bytes into a reservation of their own, which
+    /// returns them when dropped, whether before or after the slot.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_inflight::{Bulkhead, Config};
+    ///
+    /// let bulkhead = Bulkhead::new(Config::new(4, Duration::from_secs(30)).max_bytes(1024));
+    /// let mut permit = bulkhead.try_acquire_bytes(600).unwrap();
+    /// let buffer_bytes = permit.split_bytes();
+    /// drop(permit); // the call is done...
+    /// assert_eq!(bulkhead.bytes_reserved(), 600); // ...but its buffer lives on
+    /// drop(buffer_bytes);
+    /// assert_eq!(bulkhead.bytes_reserved(), 0);
+    /// ```
+    pub fn split_bytes(&mut self) -> ByteReservation {
+        ByteReservation {
+            shared: self.shared.clone(),
+            bytes: std::mem::take(&mut self.bytes),
+        }
+    }
+}
+
+impl ByteReservation {
+    /// How many bytes this reservation holds.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
+        if self.bytes != 0 {
+            self.shared.release_bytes(self.bytes);
+        }
         self.shared.release(&self.claim);
+    }
+}
+
+impl Drop for ByteReservation {
+    fn drop(&mut self) {
+        if self.bytes != 0 {
+            self.shared.release_bytes(self.bytes);
+        }
     }
 }
 
@@ -43,6 +112,16 @@ impl fmt::Debug for Permit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Permit")
             .field("slot", &self.claim.index)
+            .field("bytes", &self.bytes)
+            .field("bulkhead", &self.shared.config().name.as_deref())
+            .finish()
+    }
+}
+
+impl fmt::Debug for ByteReservation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ByteReservation")
+            .field("bytes", &self.bytes)
             .field("bulkhead", &self.shared.config().name.as_deref())
             .finish()
     }
