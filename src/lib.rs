@@ -83,6 +83,7 @@ mod error;
 mod future;
 mod layer;
 mod permit;
+mod readiness;
 mod service;
 mod slots;
 mod sync;

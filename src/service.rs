@@ -1,14 +1,10 @@
 //! The tower service.
 
-use crate::acquire::Acquire;
 use crate::bulkhead::Bulkhead;
-use crate::error::ServiceSaturated;
 use crate::future::ResponseFuture;
-use crate::permit::Permit;
+use crate::readiness::Readiness;
 use crate::BoxError;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use tower_service::Service;
 
@@ -16,15 +12,15 @@ use tower_service::Service;
 ///
 /// Each call takes a slot of the shared [`Bulkhead`] and holds it until its
 /// response future completes or is dropped. Over the limit the inner service
-/// is not called: the call fails at once with [`ServiceSaturated`] inside a
-/// [`BoxError`].
+/// is not called: the call fails at once with
+/// [`ServiceSaturated`](crate::ServiceSaturated) inside a [`BoxError`].
 ///
 /// # Readiness
 ///
 /// When there is room, `poll_ready` is ready and the slot is taken in `call`,
 /// so a clone that was polled ready and then idles (a keep-alive connection
-/// between requests) holds no slot. Saturation never makes `poll_ready` fail
-/// or stall: without a `wait` budget it is ready and `call` sheds, as
+/// between requests) holds no slot. Saturation never makes `poll_ready` fail:
+/// without a `wait` budget it is ready and `call` sheds, as
 /// `tower::load_shed` does. With a `wait` budget and no room, `poll_ready`
 /// waits (holding no slot) until a slot is handed to this service or the
 /// budget runs out, and `call` then uses that slot or sheds. The inner service
@@ -32,19 +28,7 @@ use tower_service::Service;
 pub struct Concurrency<S> {
     inner: S,
     bulkhead: Bulkhead,
-    state: State,
-}
-
-/// What `poll_ready` decided, for `call` to act on.
-enum State {
-    /// Nothing decided yet, or there was room: `call` takes a slot.
-    Idle,
-    /// Parked until a slot is handed over or the wait budget is spent.
-    Waiting(Pin<Box<Acquire>>),
-    /// A slot was handed over while waiting.
-    Admitted(Permit),
-    /// The wait budget ran out.
-    Shed(ServiceSaturated),
+    readiness: Readiness,
 }
 
 impl<S> Concurrency<S> {
@@ -53,7 +37,7 @@ impl<S> Concurrency<S> {
         Self {
             inner,
             bulkhead,
-            state: State::Idle,
+            readiness: Readiness::Idle,
         }
     }
 
@@ -89,39 +73,15 @@ where
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         ready!(self.inner.poll_ready(cx)).map_err(Into::into)?;
-        loop {
-            match &mut self.state {
-                State::Idle => {
-                    let shared = self.bulkhead.shared();
-                    if shared.config().wait.is_none() || shared.has_room() {
-                        return Poll::Ready(Ok(()));
-                    }
-                    self.state = State::Waiting(Box::pin(self.bulkhead.acquire()));
-                }
-                State::Waiting(acquire) => {
-                    self.state = match ready!(acquire.as_mut().poll(cx)) {
-                        Ok(permit) => State::Admitted(permit),
-                        Err(shed) => State::Shed(shed),
-                    };
-                    return Poll::Ready(Ok(()));
-                }
-                State::Admitted(_) | State::Shed(_) => return Poll::Ready(Ok(())),
-            }
-        }
+        ready!(self.readiness.poll_ready(&self.bulkhead, cx));
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
-        let permit = match std::mem::replace(&mut self.state, State::Idle) {
-            State::Admitted(permit) => permit,
-            State::Shed(shed) => return ResponseFuture::shed(shed),
-            // `Waiting` means `poll_ready` was not ready: a caller's bug, which
-            // the bulkhead answers as if no wait had been asked for.
-            State::Idle | State::Waiting(_) => match self.bulkhead.try_acquire() {
-                Ok(permit) => permit,
-                Err(shed) => return ResponseFuture::shed(shed),
-            },
-        };
-        ResponseFuture::called(self.inner.call(request), permit)
+        match self.readiness.take(&self.bulkhead) {
+            Ok(permit) => ResponseFuture::called(self.inner.call(request), permit),
+            Err(shed) => ResponseFuture::shed(shed),
+        }
     }
 }
 
@@ -135,16 +95,10 @@ impl<S: Clone> Clone for Concurrency<S> {
 
 impl<S: fmt::Debug> fmt::Debug for Concurrency<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match self.state {
-            State::Idle => "idle",
-            State::Waiting(_) => "waiting",
-            State::Admitted(_) => "admitted",
-            State::Shed(_) => "shed",
-        };
         f.debug_struct("Concurrency")
             .field("inner", &self.inner)
             .field("bulkhead", &self.bulkhead)
-            .field("state", &state)
+            .field("readiness", &self.readiness.as_str())
             .finish()
     }
 }
