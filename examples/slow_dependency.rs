@@ -70,7 +70,10 @@ async fn run(limit: Option<usize>) -> usize {
         Some(limit) => println!("behind a bulkhead of {limit} slots:"),
         None => println!("no limit:"),
     }
-    println!("{:>6}  {:>7}  {:>7}  {:>7}", "t (s)", "inside", "ok", "shed");
+    println!(
+        "{:>6}  {:>7}  {:>7}  {:>7}",
+        "t (s)", "inside", "ok", "shed"
+    );
     let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / RATE_PER_SEC));
     let mut report = tokio::time::interval(Duration::from_millis(500));
     let mut calls = tokio::task::JoinSet::new();

@@ -166,6 +166,14 @@ impl Bulkhead {
         self.shared.reserve_bytes(permit, bytes)
     }
 
+    pub(crate) fn reserve_bytes(
+        &self,
+        permit: Permit,
+        bytes: u64,
+    ) -> Result<Permit, ServiceSaturated> {
+        self.shared.reserve_bytes(permit, bytes)
+    }
+
     /// Bytes of the budget reserved now.
     pub fn bytes_reserved(&self) -> u64 {
         self.shared.bytes_reserved.load(Ordering::SeqCst)
@@ -258,7 +266,11 @@ impl Shared {
 
     /// Adds `bytes` to `permit`, or drops it (handing its slot on) if the
     /// budget cannot take them.
-    fn reserve_bytes(&self, permit: Permit, bytes: u64) -> Result<Permit, ServiceSaturated> {
+    pub(crate) fn reserve_bytes(
+        &self,
+        permit: Permit,
+        bytes: u64,
+    ) -> Result<Permit, ServiceSaturated> {
         let Some(max) = self.config.max_bytes else {
             return Ok(permit);
         };

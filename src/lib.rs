@@ -81,6 +81,9 @@ mod clock;
 mod config;
 mod error;
 mod future;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub mod http;
 mod layer;
 mod permit;
 mod readiness;

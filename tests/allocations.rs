@@ -8,10 +8,10 @@
 #![allow(unsafe_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::convert::Infallible;
 use std::future::{ready, Future};
 use std::pin::pin;
-use std::cell::Cell;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tower::{service_fn, Layer, Service};

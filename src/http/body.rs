@@ -1,0 +1,117 @@
+//! The response body, which holds the call's slot until it ends.
+
+use super::reserved::ReservedBytes;
+use crate::permit::Permit;
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use std::fmt;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+/// What an admitted request holds until its response body ends: its slot,
+/// and the bytes reserved for it unless its handler took them over.
+pub(crate) struct InFlight {
+    pub(crate) _slot: Permit,
+    pub(crate) reserved: Option<ReservedBytes>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(reserved) = &self.reserved {
+            reserved.release();
+        }
+    }
+}
+
+pin_project! {
+    /// The body of a response from [`HttpConcurrency`](super::HttpConcurrency):
+    /// the inner service's body, holding the request's slot until it has been
+    /// produced to its end or dropped, or the short text of a refusal.
+    pub struct ResponseBody<B> {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<B> {
+        Streaming { #[pin] body: B, in_flight: Option<InFlight> },
+        Refusal { text: Option<Bytes> },
+    }
+}
+
+impl<B> ResponseBody<B> {
+    pub(crate) fn streaming(body: B, in_flight: Option<InFlight>) -> Self {
+        Self {
+            kind: Kind::Streaming { body, in_flight },
+        }
+    }
+
+    pub(crate) fn refusal(text: Bytes) -> Self {
+        Self {
+            kind: Kind::Refusal {
+                text: (!text.is_empty()).then_some(text),
+            },
+        }
+    }
+}
+
+impl<B> Body for ResponseBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        match self.project().kind.project() {
+            KindProj::Streaming {
+                mut body,
+                in_flight,
+            } => {
+                let frame = ready!(body.as_mut().poll_frame(cx));
+                // The work is over once the body has nothing more to give,
+                // whether or not anyone polls it again.
+                if !matches!(frame, Some(Ok(_))) || body.is_end_stream() {
+                    drop(in_flight.take());
+                }
+                Poll::Ready(frame)
+            }
+            KindProj::Refusal { text } => {
+                Poll::Ready(text.take().map(|text| Ok(Frame::data(text))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Streaming { body, .. } => body.is_end_stream(),
+            Kind::Refusal { text } => text.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Streaming { body, .. } => body.size_hint(),
+            Kind::Refusal { text } => {
+                SizeHint::with_exact(text.as_ref().map_or(0, |t| t.len() as u64))
+            }
+        }
+    }
+}
+
+impl<B> fmt::Debug for ResponseBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match &self.kind {
+            Kind::Streaming { in_flight, .. } if in_flight.is_some() => "streaming",
+            Kind::Streaming { .. } => "done",
+            Kind::Refusal { .. } => "refusal",
+        };
+        f.debug_struct("ResponseBody").field("kind", &kind).finish()
+    }
+}

@@ -1,0 +1,52 @@
+//! The responses the HTTP bulkhead answers with when it refuses a request.
+
+use crate::error::ServiceSaturated;
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderValue, Response, StatusCode};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Builds the response to a shed request.
+pub(crate) type ShedResponder = Arc<dyn Fn(&ServiceSaturated) -> Response<Bytes> + Send + Sync>;
+
+/// `503 Service Unavailable` with `Retry-After` (whole seconds, at least
+/// one) and the reason in plain text.
+pub(crate) fn service_unavailable(
+    shed: &ServiceSaturated,
+    retry_after_secs: u64,
+) -> Response<Bytes> {
+    let mut response = text(StatusCode::SERVICE_UNAVAILABLE, shed.to_string());
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
+    response
+}
+
+/// A `Retry-After` value: the hint rounded up to whole seconds, and never 0,
+/// which would invite an immediate retry into the same overload.
+pub(crate) fn retry_after_secs(hint: Duration) -> u64 {
+    let secs = hint.as_secs() + u64::from(hint.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+pub(crate) fn payload_too_large(max_body: u64) -> Response<Bytes> {
+    text(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("request body over the limit of {max_body} bytes"),
+    )
+}
+
+pub(crate) fn bad_content_length() -> Response<Bytes> {
+    text(StatusCode::BAD_REQUEST, "invalid content-length".to_owned())
+}
+
+fn text(status: StatusCode, body: String) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::from(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}

@@ -1,0 +1,243 @@
+//! The HTTP service and its response future.
+
+use super::body::{InFlight, ResponseBody};
+use super::layer::Settings;
+use super::request::declared_length;
+use super::reserved::ReservedBytes;
+use super::response;
+use crate::bulkhead::Bulkhead;
+use crate::error::ServiceSaturated;
+use crate::readiness::Readiness;
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::Limited;
+use pin_project_lite::pin_project;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use tower_service::Service;
+
+/// Caps how many requests to the inner HTTP service are in flight at once,
+/// and how many bytes of request bodies they hold.
+///
+/// Built by [`HttpConcurrencyLayer`](super::HttpConcurrencyLayer); see the
+/// [module docs](super). The readiness contract is that of
+/// [`Concurrency`](crate::Concurrency): ready when there is room, the slot
+/// taken in `call`; with a `wait` budget, `poll_ready` waits for a slot.
+///
+/// The inner service sees the request body wrapped in
+/// [`http_body_util::Limited`], which ends it with an error if it grows past
+/// what was declared or reserved.
+pub struct HttpConcurrency<S> {
+    inner: S,
+    bulkhead: Bulkhead,
+    settings: Arc<Settings>,
+    readiness: Readiness,
+}
+
+impl<S> HttpConcurrency<S> {
+    pub(crate) fn new(inner: S, bulkhead: Bulkhead, settings: Arc<Settings>) -> Self {
+        Self {
+            inner,
+            bulkhead,
+            settings,
+            readiness: Readiness::Idle,
+        }
+    }
+
+    /// The bulkhead this service takes its slots from.
+    pub fn bulkhead(&self) -> &Bulkhead {
+        &self.bulkhead
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, consuming this one.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    fn shed_response(&self, shed: &ServiceSaturated) -> Response<Bytes> {
+        if let Some(respond) = &self.settings.on_shed {
+            return respond(shed);
+        }
+        let hint = self.settings.retry_after.unwrap_or(shed.retry_after());
+        response::service_unavailable(shed, response::retry_after_secs(hint))
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for HttpConcurrency<S>
+where
+    S: Service<Request<Limited<ReqBody>>, Response = Response<ResBody>>,
+    ReqBody: Body,
+    ResBody: Body<Data = Bytes>,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        ready!(self.inner.poll_ready(cx))?;
+        ready!(self.readiness.poll_ready(&self.bulkhead, cx));
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let max_body = self.settings.max_body.or(self.bulkhead.max_bytes());
+        // Judge the declared length before taking anything: a request that
+        // cannot be served must not hold a slot, and a slot handed over while
+        // waiting goes on to the next in line.
+        let declared = match declared_length(request.headers()) {
+            Ok(declared) => declared,
+            Err(_) => {
+                self.readiness = Readiness::Idle;
+                return ResponseFuture::refused(response::bad_content_length());
+            }
+        };
+        if let (Some(length), Some(max_body)) = (declared, max_body) {
+            if length > max_body {
+                self.readiness = Readiness::Idle;
+                return ResponseFuture::refused(response::payload_too_large(max_body));
+            }
+        }
+        let body_limit = match declared {
+            Some(length) => Some(length),
+            None if request.body().is_end_stream() => Some(0),
+            None => max_body,
+        };
+        let admitted = self.readiness.take(&self.bulkhead).and_then(|permit| {
+            let share = if self.bulkhead.max_bytes().is_some() {
+                body_limit.unwrap_or(0)
+            } else {
+                0
+            };
+            self.bulkhead.reserve_bytes(permit, share)
+        });
+        let mut permit = match admitted {
+            Ok(permit) => permit,
+            Err(shed) => return ResponseFuture::refused(self.shed_response(&shed)),
+        };
+
+        let (mut parts, body) = request.into_parts();
+        let reserved = (permit.bytes() > 0).then(|| {
+            let reserved = ReservedBytes::new(permit.split_bytes());
+            parts.extensions.insert(reserved.clone());
+            reserved
+        });
+        let limit = body_limit.map_or(usize::MAX, |limit| {
+            usize::try_from(limit).unwrap_or(usize::MAX)
+        });
+        let request = Request::from_parts(parts, Limited::new(body, limit));
+        ResponseFuture::called(
+            self.inner.call(request),
+            InFlight {
+                _slot: permit,
+                reserved,
+            },
+        )
+    }
+}
+
+impl<S: Clone> Clone for HttpConcurrency<S> {
+    /// The clone shares the bulkhead but not this service's readiness.
+    fn clone(&self) -> Self {
+        Self::new(
+            self.inner.clone(),
+            self.bulkhead.clone(),
+            self.settings.clone(),
+        )
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for HttpConcurrency<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpConcurrency")
+            .field("inner", &self.inner)
+            .field("bulkhead", &self.bulkhead)
+            .field("settings", &self.settings)
+            .field("readiness", &self.readiness.as_str())
+            .finish()
+    }
+}
+
+pin_project! {
+    /// Future for [`HttpConcurrency`]'s responses: the inner call, whose
+    /// response body takes over the slot, or a refusal ready at once.
+    pub struct ResponseFuture<F> {
+        #[pin]
+        kind: Kind<F>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<F> {
+        Called { #[pin] future: F, in_flight: Option<InFlight> },
+        Refused { response: Option<Response<Bytes>> },
+    }
+}
+
+impl<F> ResponseFuture<F> {
+    fn called(future: F, in_flight: InFlight) -> Self {
+        Self {
+            kind: Kind::Called {
+                future,
+                in_flight: Some(in_flight),
+            },
+        }
+    }
+
+    fn refused(response: Response<Bytes>) -> Self {
+        Self {
+            kind: Kind::Refused {
+                response: Some(response),
+            },
+        }
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<ResponseBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Called { future, in_flight } => {
+                let output = ready!(future.poll(cx));
+                // On success the body carries the slot on; on error it is freed here.
+                let in_flight = in_flight.take();
+                Poll::Ready(
+                    output.map(|response| {
+                        response.map(|body| ResponseBody::streaming(body, in_flight))
+                    }),
+                )
+            }
+            KindProj::Refused { response } => {
+                let response = response
+                    .take()
+                    .expect("`ResponseFuture` polled after completion");
+                Poll::Ready(Ok(response.map(ResponseBody::refusal)))
+            }
+        }
+    }
+}
+
+impl<F> fmt::Debug for ResponseFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match &self.kind {
+            Kind::Called { .. } => "called",
+            Kind::Refused { .. } => "refused",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("kind", &kind)
+            .finish()
+    }
+}
