@@ -1,0 +1,136 @@
+//! An open-loop load generator: requests arrive on a schedule, each on its
+//! own task, so a slow server cannot slow the offered load down (a closed
+//! loop, which waits for one response before sending the next, hides overload).
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+pub(crate) type HttpClient = Client<HttpConnector, Empty<Bytes>>;
+
+pub(crate) fn client() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Arrivals {
+    /// Exponential gaps: how independent clients arrive.
+    Poisson,
+    /// Even gaps, as the table in the bulkhead's original write-up used.
+    Paced,
+}
+
+/// SplitMix64: a small seeded generator, so runs are repeatable.
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    /// Uniform in (0, 1].
+    fn next_unit(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        ((z >> 11) as f64 + 1.0) / (1u64 << 53) as f64
+    }
+
+    fn gap(&mut self, arrivals: Arrivals, rate: f64) -> f64 {
+        match arrivals {
+            Arrivals::Poisson => -self.next_unit().ln() / rate,
+            Arrivals::Paced => 1.0 / rate,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Status {
+    Ok,
+    Shed,
+    Failed,
+    TimedOut,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Outcome {
+    /// When the request was due, in seconds from the start of the run.
+    pub(crate) due: f64,
+    /// From when it was due (not when it was sent: no coordinated omission)
+    /// to the end of its response body.
+    pub(crate) latency: Duration,
+    pub(crate) status: Status,
+}
+
+impl Outcome {
+    pub(crate) fn finished(&self) -> f64 {
+        self.due + self.latency.as_secs_f64()
+    }
+}
+
+/// Offers `rate` requests a second for `duration` and waits for every one
+/// of them (up to `timeout` each).
+pub(crate) async fn offer(
+    client: &HttpClient,
+    addr: SocketAddr,
+    rate: f64,
+    duration: Duration,
+    arrivals: Arrivals,
+    rng: &mut Rng,
+    timeout: Duration,
+) -> Vec<Outcome> {
+    let start = Instant::now() + Duration::from_millis(10);
+    let mut calls = JoinSet::new();
+    let mut due = 0.0;
+    loop {
+        due += rng.gap(arrivals, rate);
+        if due >= duration.as_secs_f64() {
+            break;
+        }
+        let at = start + Duration::from_secs_f64(due);
+        tokio::time::sleep_until(at).await;
+        let client = client.clone();
+        calls.spawn(async move {
+            let status = match tokio::time::timeout_at(at + timeout, call(&client, addr)).await {
+                Ok(status) => status,
+                Err(_) => Status::TimedOut,
+            };
+            Outcome {
+                due,
+                latency: at.elapsed(),
+                status,
+            }
+        });
+    }
+    let mut outcomes = Vec::with_capacity(calls.len());
+    while let Some(outcome) = calls.join_next().await {
+        outcomes.push(outcome.expect("a request task"));
+    }
+    outcomes
+}
+
+async fn call(client: &HttpClient, addr: SocketAddr) -> Status {
+    let request = Request::get(format!("http://{addr}/"))
+        .body(Empty::new())
+        .expect("a request");
+    let Ok(response) = client.request(request).await else {
+        return Status::Failed;
+    };
+    let status = response.status();
+    if response.into_body().collect().await.is_err() {
+        return Status::Failed;
+    }
+    match status {
+        StatusCode::OK => Status::Ok,
+        StatusCode::SERVICE_UNAVAILABLE => Status::Shed,
+        _ => Status::Failed,
+    }
+}
