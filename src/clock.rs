@@ -1,21 +1,25 @@
 //! Where the slot table reads the time.
 //!
-//! Deadlines are kept in *ticks* of 1/1024 s (about a millisecond) counted
-//! from the bulkhead's creation, so that a deadline fits in the 42 bits the
-//! slot word leaves for it and a shift, not a division, turns the coarse
-//! clock's 32.32 fixed-point reading into ticks.
+//! Deadlines are kept in *ticks* counted from the bulkhead's creation, small
+//! enough to fit the 42 bits the slot word leaves for them: 1/1024 s on the
+//! system's coarse clock (a shift, not a division, turns its 32.32
+//! fixed-point reading into ticks), a microsecond on a [`ManualClock`].
 
 use crate::sync::{Arc, AtomicU64, Ordering};
 use std::time::Duration;
 
-/// Ticks per second of the slot table's clock.
-const TICKS_PER_SEC: u64 = 1024;
+/// Coarse ticks per second.
+const COARSE_TICKS_PER_SEC: u64 = 1024;
+
+/// How far behind the true time a coarse reading may lag: one jiffy, which
+/// is 10 ms on a kernel built with the slowest common tick rate (100 Hz).
+const COARSE_RESOLUTION: Duration = Duration::from_millis(10);
 
 /// A clock the bulkhead reads its deadlines from.
 ///
 /// The default reads the operating system's coarse monotonic clock
 /// (`CLOCK_MONOTONIC_COARSE` on Linux: a few nanoseconds a read, a resolution
-/// of one to four milliseconds), which is all `reclaim_after` needs.
+/// of one to ten milliseconds), which is all `reclaim_after` needs.
 #[derive(Clone, Debug)]
 pub(crate) enum Clock {
     Coarse { epoch: coarsetime::Instant },
@@ -40,23 +44,35 @@ impl Clock {
                 let now = coarsetime::Instant::now_without_cache_update();
                 (now.as_ticks().saturating_sub(epoch.as_ticks()) >> 22) + 1
             }
-            Clock::Manual(manual) => manual.ticks() + 1,
+            Clock::Manual(manual) => manual.micros() + 1,
+        }
+    }
+
+    /// How many ticks a slot is held for `reclaim_after`, such that it is
+    /// never reclaimed before `reclaim_after` has passed: rounded up, plus a
+    /// tick for the reading at the claim having been rounded down, plus, on
+    /// the coarse clock, its resolution.
+    pub(crate) fn hold(&self, reclaim_after: Duration) -> u64 {
+        match self {
+            Clock::Coarse { .. } => {
+                ceil_ticks(reclaim_after + COARSE_RESOLUTION, COARSE_TICKS_PER_SEC) + 1
+            }
+            Clock::Manual(_) => ceil_ticks(reclaim_after, 1_000_000),
         }
     }
 }
 
-/// Converts a duration into whole ticks, rounding up so that a deadline is
-/// never earlier than asked for.
-pub(crate) fn ticks(duration: Duration) -> u64 {
-    let nanos = duration.as_nanos();
-    let ticks = (nanos * u128::from(TICKS_PER_SEC)).div_ceil(1_000_000_000);
+fn ceil_ticks(duration: Duration, per_sec: u64) -> u64 {
+    let ticks = (duration.as_nanos() * u128::from(per_sec)).div_ceil(1_000_000_000);
     u64::try_from(ticks).unwrap_or(u64::MAX)
 }
 
 /// A clock that only moves when told to, for tests of `reclaim_after`.
 ///
-/// The bulkhead counts time in ticks of 1/1024 s, rounding deadlines up, so a
-/// slot is reclaimed within a millisecond after `reclaim_after`, never before.
+/// It counts in microseconds: a slot taken at a whole microsecond is
+/// reclaimable exactly when the clock has been advanced by `reclaim_after`.
+/// (On the system clock, reclamation comes up to a few milliseconds after
+/// `reclaim_after`, never before.)
 ///
 /// Hand it to [`Config::clock`](crate::Config::clock); every bulkhead built
 /// from that configuration then reads its deadlines from it, and a test can
@@ -103,10 +119,9 @@ impl ManualClock {
         Duration::from_nanos(self.nanos.load(Ordering::SeqCst))
     }
 
-    fn ticks(&self) -> u64 {
+    fn micros(&self) -> u64 {
         // Rounds down: a deadline passes only once the clock really reached it.
-        let nanos = u128::from(self.nanos.load(Ordering::SeqCst));
-        (nanos * u128::from(TICKS_PER_SEC) / 1_000_000_000) as u64
+        self.nanos.load(Ordering::SeqCst) / 1_000
     }
 }
 
@@ -115,21 +130,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ticks_round_up_so_deadlines_are_never_early() {
-        assert_eq!(ticks(Duration::ZERO), 0);
-        assert_eq!(ticks(Duration::from_nanos(1)), 1);
-        assert_eq!(ticks(Duration::from_secs(1)), 1024);
-        assert_eq!(ticks(Duration::from_millis(1)), 2);
+    fn coarse_hold_covers_rounding_and_resolution() {
+        let clock = Clock::coarse();
+        // 1 s is 1024 ticks; 10 ms of resolution is 10.24, so 11; one more
+        // for the rounded-down reading at the claim.
+        assert_eq!(clock.hold(Duration::from_secs(1)), 1024 + 11 + 1);
     }
 
     #[test]
-    fn manual_clock_reaches_a_deadline_within_a_tick_after_it() {
+    fn manual_clock_reaches_a_deadline_exactly_when_advanced_to_it() {
         let manual = ManualClock::new();
         let clock = Clock::Manual(manual.clone());
-        let deadline = clock.now() + ticks(Duration::from_millis(30));
-        manual.advance(Duration::from_millis(29));
+        let deadline = clock.now() + clock.hold(Duration::from_millis(30));
+        manual.advance(Duration::from_millis(30) - Duration::from_nanos(1));
         assert!(clock.now() < deadline);
-        manual.advance(Duration::from_millis(2));
+        manual.advance(Duration::from_nanos(1));
         assert!(clock.now() >= deadline);
     }
 

@@ -11,6 +11,11 @@
 //! word unique: it would take 2^22 writes to one slot within one tick for a
 //! word to repeat.
 //!
+//! With a byte budget, a slot also records the bytes its holder reserved,
+//! tagged with the holder's generation, so that when a vanished holder's slot
+//! is reclaimed, its bytes come back with it; a holder that is merely late
+//! finds its record gone and gives back nothing twice.
+//!
 //! # Memory ordering
 //!
 //! A claim is `AcqRel`, so whatever the previous holder did happens-before
@@ -20,6 +25,7 @@
 //! pattern that guarantees either the releaser sees the waiter or the waiter
 //! sees the freed slot, so no caller parks beside a free slot.
 
+use crate::bytes::{ByteBudget, Epoch};
 use crate::sync::{AtomicU64, Ordering};
 use std::cell::Cell;
 
@@ -36,7 +42,11 @@ pub(crate) const MAX_SLOTS: usize = 1 << 16;
 /// do not slow each other down.
 #[derive(Debug)]
 #[repr(align(64))]
-struct Slot(AtomicU64);
+struct Slot {
+    word: AtomicU64,
+    /// Bytes the holder reserved (high 42 bits) and its generation (low 22).
+    bytes: AtomicU64,
+}
 
 /// A slot held by a claim: its index and the exact word the claim wrote.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,10 +62,15 @@ pub(crate) struct SlotTable {
     slots: Box<[Slot]>,
     /// `reclaim_after`, in ticks.
     hold: u64,
+    budget: Option<ByteBudget>,
 }
 
 fn deadline(word: u64) -> u64 {
     word >> GENERATION_BITS
+}
+
+fn generation(word: u64) -> u64 {
+    word & GENERATION_MASK
 }
 
 fn next_generation(word: u64) -> u64 {
@@ -63,9 +78,18 @@ fn next_generation(word: u64) -> u64 {
 }
 
 impl SlotTable {
-    pub(crate) fn new(limit: usize, hold: u64) -> Self {
-        let slots = (0..limit).map(|_| Slot(AtomicU64::new(0))).collect();
-        Self { slots, hold }
+    pub(crate) fn new(limit: usize, hold: u64, max_bytes: Option<u64>) -> Self {
+        let slots = (0..limit)
+            .map(|_| Slot {
+                word: AtomicU64::new(0),
+                bytes: AtomicU64::new(0),
+            })
+            .collect();
+        Self {
+            slots,
+            hold,
+            budget: max_bytes.map(ByteBudget::new),
+        }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -79,7 +103,7 @@ impl SlotTable {
         let len = self.slots.len();
         let mut index = start_index(len);
         for _ in 0..len {
-            let slot = &self.slots[index].0;
+            let slot = &self.slots[index].word;
             let word = slot.load(order);
             let until = deadline(word);
             if until <= now {
@@ -88,12 +112,15 @@ impl SlotTable {
                     .compare_exchange(word, new, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
                 {
-                    let reclaimed = until != 0;
-                    return Some(Claim {
+                    let claim = Claim {
                         index,
                         word: new,
-                        reclaimed,
-                    });
+                        reclaimed: until != 0,
+                    };
+                    if claim.reclaimed {
+                        self.recover_abandoned_bytes(&claim);
+                    }
+                    return Some(claim);
                 }
             }
             index += 1;
@@ -109,9 +136,9 @@ impl SlotTable {
     /// to someone else now.
     #[inline]
     pub(crate) fn release(&self, claim: &Claim) -> bool {
-        let freed = claim.word & GENERATION_MASK;
+        let freed = generation(claim.word);
         self.slots[claim.index]
-            .0
+            .word
             .compare_exchange(claim.word, freed, Ordering::SeqCst, Ordering::Relaxed)
             .is_ok()
     }
@@ -121,10 +148,65 @@ impl SlotTable {
     pub(crate) fn reset(&self) {
         for slot in self.slots.iter() {
             let _ = slot
-                .0
+                .word
                 .fetch_update(Ordering::SeqCst, Ordering::Relaxed, |word| {
                     Some(next_generation(word))
                 });
+            slot.bytes.store(0, Ordering::SeqCst);
+        }
+        if let Some(budget) = &self.budget {
+            budget.reset();
+        }
+    }
+
+    /// Reserves `bytes` of the budget for the holder of `claim` and records
+    /// them on its slot. `None` if they do not fit (or there is no budget).
+    pub(crate) fn reserve_bytes(&self, claim: &Claim, bytes: u64) -> Option<Epoch> {
+        let epoch = self.budget.as_ref()?.reserve(bytes)?;
+        let record = (bytes << GENERATION_BITS) | generation(claim.word);
+        self.slots[claim.index]
+            .bytes
+            .store(record, Ordering::SeqCst);
+        Some(epoch)
+    }
+
+    /// The holder of `claim` takes its `bytes` off its slot's record, to give
+    /// them back or to hold them apart from the slot. `false` if they are no
+    /// longer there: a reclaim or a reset has already given them back.
+    pub(crate) fn unrecord_bytes(&self, claim: &Claim, bytes: u64) -> bool {
+        let record = (bytes << GENERATION_BITS) | generation(claim.word);
+        self.slots[claim.index]
+            .bytes
+            .compare_exchange(
+                record,
+                generation(claim.word),
+                Ordering::SeqCst,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
+    pub(crate) fn give_back_bytes(&self, bytes: u64, epoch: Epoch) {
+        if let Some(budget) = &self.budget {
+            budget.give_back(bytes, epoch);
+        }
+    }
+
+    pub(crate) fn bytes_reserved(&self) -> u64 {
+        self.budget.as_ref().map_or(0, ByteBudget::reserved)
+    }
+
+    /// After `claim` took a slot whose holder vanished: gives back the bytes
+    /// that holder had recorded.
+    #[cold]
+    fn recover_abandoned_bytes(&self, claim: &Claim) {
+        let Some(budget) = &self.budget else { return };
+        let record = self.slots[claim.index]
+            .bytes
+            .swap(generation(claim.word), Ordering::SeqCst);
+        let abandoned = record >> GENERATION_BITS;
+        if abandoned != 0 && generation(record) != generation(claim.word) {
+            budget.give_back_abandoned(abandoned);
         }
     }
 
@@ -132,7 +214,7 @@ impl SlotTable {
     pub(crate) fn held(&self, now: u64) -> usize {
         self.slots
             .iter()
-            .filter(|slot| deadline(slot.0.load(Ordering::Relaxed)) > now)
+            .filter(|slot| deadline(slot.word.load(Ordering::Relaxed)) > now)
             .count()
     }
 
@@ -140,7 +222,7 @@ impl SlotTable {
     pub(crate) fn any_free(&self, now: u64) -> bool {
         self.slots
             .iter()
-            .any(|slot| deadline(slot.0.load(Ordering::Relaxed)) <= now)
+            .any(|slot| deadline(slot.word.load(Ordering::Relaxed)) <= now)
     }
 }
 
@@ -181,7 +263,7 @@ mod tests {
 
     #[test]
     fn claims_until_full_then_refuses() {
-        let table = SlotTable::new(3, HOLD);
+        let table = SlotTable::new(3, HOLD, None);
         let claims: Vec<_> = (0..3)
             .map(|_| table.try_claim(1, Ordering::Relaxed))
             .collect();
@@ -192,7 +274,7 @@ mod tests {
 
     #[test]
     fn release_frees_exactly_one_slot() {
-        let table = SlotTable::new(2, HOLD);
+        let table = SlotTable::new(2, HOLD, None);
         let a = table.try_claim(1, Ordering::Relaxed).unwrap();
         let _b = table.try_claim(1, Ordering::Relaxed).unwrap();
         assert!(table.release(&a));
@@ -203,7 +285,7 @@ mod tests {
 
     #[test]
     fn expired_slot_is_reclaimed_and_late_release_leaves_new_holder() {
-        let table = SlotTable::new(1, HOLD);
+        let table = SlotTable::new(1, HOLD, None);
         let old = table.try_claim(1, Ordering::Relaxed).unwrap();
         assert!(!old.reclaimed);
         assert_eq!(table.try_claim(HOLD, Ordering::Relaxed), None);
@@ -216,13 +298,29 @@ mod tests {
 
     #[test]
     fn reset_in_the_same_tick_gives_new_holders_new_words() {
-        let table = SlotTable::new(1, HOLD);
+        let table = SlotTable::new(1, HOLD, None);
         let old = table.try_claim(5, Ordering::Relaxed).unwrap();
         table.reset();
         let new = table.try_claim(5, Ordering::Relaxed).unwrap();
         assert_ne!(old.word, new.word);
         assert!(!table.release(&old));
         assert_eq!(table.held(5), 1);
+    }
+
+    #[test]
+    fn reclaiming_a_slot_gives_back_the_bytes_its_holder_recorded() {
+        let table = SlotTable::new(1, HOLD, Some(1000));
+        let old = table.try_claim(1, Ordering::Relaxed).unwrap();
+        table.reserve_bytes(&old, 800).unwrap();
+        assert_eq!(table.bytes_reserved(), 800);
+        let new = table.try_claim(1 + HOLD, Ordering::Relaxed).unwrap();
+        assert_eq!(table.bytes_reserved(), 0);
+        assert!(
+            !table.unrecord_bytes(&old, 800),
+            "the late holder finds nothing to give back"
+        );
+        table.reserve_bytes(&new, 900).unwrap();
+        assert!(table.unrecord_bytes(&new, 900));
     }
 
     #[test]
@@ -234,7 +332,7 @@ mod tests {
 
     #[test]
     fn huge_hold_saturates_instead_of_wrapping() {
-        let table = SlotTable::new(1, u64::MAX);
+        let table = SlotTable::new(1, u64::MAX, None);
         let claim = table.try_claim(1, Ordering::Relaxed).unwrap();
         assert_eq!(deadline(claim.word), MAX_DEADLINE);
         assert_eq!(table.held(MAX_DEADLINE - 1), 1);
