@@ -1,12 +1,12 @@
 //! The bulkhead: the slot table, the waiter queue and the queries on them.
 
 use crate::acquire::Acquire;
-use crate::clock::{self, Clock};
+use crate::clock::Clock;
 use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::permit::Permit;
 use crate::slots::{Claim, SlotTable};
-use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::sync::{Arc, Ordering};
 use crate::waiters::Waiters;
 use std::fmt;
 
@@ -47,8 +47,6 @@ pub(crate) struct Shared {
     slots: SlotTable,
     clock: Clock,
     waiters: Waiters,
-    /// Bytes of the budget reserved now; never above `config.max_bytes`.
-    bytes_reserved: AtomicU64,
     config: Config,
 }
 
@@ -72,10 +70,13 @@ impl Bulkhead {
             None => Clock::coarse(),
         };
         let shared = Shared {
-            slots: SlotTable::new(config.limit, clock::ticks(config.reclaim_after)),
+            slots: SlotTable::new(
+                config.limit,
+                clock.hold(config.reclaim_after),
+                config.max_bytes,
+            ),
             clock,
             waiters: Waiters::default(),
-            bytes_reserved: AtomicU64::new(0),
             config,
         };
         Ok(Self {
@@ -166,6 +167,7 @@ impl Bulkhead {
         self.shared.reserve_bytes(permit, bytes)
     }
 
+    #[cfg(feature = "http")]
     pub(crate) fn reserve_bytes(
         &self,
         permit: Permit,
@@ -176,7 +178,7 @@ impl Bulkhead {
 
     /// Bytes of the budget reserved now.
     pub fn bytes_reserved(&self) -> u64 {
-        self.shared.bytes_reserved.load(Ordering::SeqCst)
+        self.shared.slots.bytes_reserved()
     }
 
     /// The byte budget, if the configuration set one.
@@ -221,7 +223,8 @@ impl Bulkhead {
         &self.shared.config
     }
 
-    /// Frees every slot, as if each holder had released it.
+    /// Frees every slot, as if each holder had released it, and forgets
+    /// every reservation of the byte budget.
     ///
     /// This forgets that the slots were taken; it does not stop calls that
     /// are still running, so until they finish more than `limit` calls may be
@@ -271,25 +274,16 @@ impl Shared {
         permit: Permit,
         bytes: u64,
     ) -> Result<Permit, ServiceSaturated> {
-        let Some(max) = self.config.max_bytes else {
+        if self.config.max_bytes.is_none() || bytes == 0 {
             return Ok(permit);
-        };
-        let reserved =
-            self.bytes_reserved
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |reserved| {
-                    reserved.checked_add(bytes).filter(|&total| total <= max)
-                });
-        match reserved {
-            Ok(_) => Ok(permit.with_bytes(bytes)),
-            Err(_) => {
+        }
+        match self.slots.reserve_bytes(permit.claim(), bytes) {
+            Some(epoch) => Ok(permit.with_bytes(bytes, epoch)),
+            None => {
                 drop(permit);
                 Err(self.saturated(ShedReason::Bytes))
             }
         }
-    }
-
-    pub(crate) fn release_bytes(&self, bytes: u64) {
-        self.bytes_reserved.fetch_sub(bytes, Ordering::SeqCst);
     }
 
     /// Whether a caller arriving now would be admitted without waiting.

@@ -1,5 +1,6 @@
 //! A bulkhead's configuration and its validation.
 
+use crate::bytes::MAX_BYTES;
 use crate::clock::ManualClock;
 use crate::slots::MAX_SLOTS;
 use std::{fmt, sync::Arc, time::Duration};
@@ -147,12 +148,19 @@ impl Config {
                 "must be at least 1; to shed at once instead of waiting, leave `wait` unset".into(),
             ));
         }
-        if self.max_bytes == Some(0) {
-            return Err(ConfigError::new(
+        match self.max_bytes {
+            Some(0) => return Err(ConfigError::new(
                 "max_bytes",
                 "must be at least 1: a byte budget of 0 would shed every call that carries a body"
                     .into(),
-            ));
+            )),
+            Some(max_bytes) if max_bytes > MAX_BYTES => {
+                return Err(ConfigError::new(
+                    "max_bytes",
+                    format!("{max_bytes} is over the maximum of {MAX_BYTES} (4 TiB)"),
+                ))
+            }
+            _ => {}
         }
         Ok(())
     }

@@ -77,6 +77,7 @@
 
 mod acquire;
 mod bulkhead;
+mod bytes;
 mod clock;
 mod config;
 mod error;

@@ -2,6 +2,7 @@
 //! given back when dropped.
 
 use crate::bulkhead::Shared;
+use crate::bytes::Epoch;
 use crate::slots::Claim;
 use crate::sync::Arc;
 use std::fmt;
@@ -20,6 +21,7 @@ pub struct Permit {
     shared: Arc<Shared>,
     claim: Claim,
     bytes: u64,
+    epoch: Option<Epoch>,
 }
 
 /// A share of a bulkhead's byte budget, returned when dropped.
@@ -32,6 +34,7 @@ pub struct Permit {
 pub struct ByteReservation {
     shared: Arc<Shared>,
     bytes: u64,
+    epoch: Option<Epoch>,
 }
 
 impl Permit {
@@ -40,12 +43,29 @@ impl Permit {
             shared,
             claim,
             bytes: 0,
+            epoch: None,
         }
     }
 
-    pub(crate) fn with_bytes(mut self, bytes: u64) -> Self {
+    pub(crate) fn with_bytes(mut self, bytes: u64, epoch: Epoch) -> Self {
         self.bytes = bytes;
+        self.epoch = Some(epoch);
         self
+    }
+
+    pub(crate) fn claim(&self) -> &Claim {
+        &self.claim
+    }
+
+    /// Takes the permit's bytes off its slot's record; 0 if a reclaim or a
+    /// reset has given them back already.
+    fn take_bytes(&mut self) -> u64 {
+        let bytes = std::mem::take(&mut self.bytes);
+        if bytes != 0 && self.shared.slots().unrecord_bytes(&self.claim, bytes) {
+            bytes
+        } else {
+            0
+        }
     }
 
     /// Whether this slot was reclaimed from an earlier holder that kept it
@@ -64,6 +84,10 @@ impl Permit {
     /// Moves the permit's bytes into a reservation of their own, which
     /// returns them when dropped, whether before or after the slot.
     ///
+    /// Bytes still held by a permit come back with its slot if the permit is
+    /// leaked and the slot reclaimed; a split-off reservation is yours: it
+    /// comes back only when dropped, or at [`Bulkhead::reset`](crate::Bulkhead::reset).
+    ///
     /// ```
     /// use std::time::Duration;
     /// use tower_inflight::{Bulkhead, Config};
@@ -79,7 +103,8 @@ impl Permit {
     pub fn split_bytes(&mut self) -> ByteReservation {
         ByteReservation {
             shared: self.shared.clone(),
-            bytes: std::mem::take(&mut self.bytes),
+            bytes: self.take_bytes(),
+            epoch: self.epoch,
         }
     }
 }
@@ -94,7 +119,8 @@ impl ByteReservation {
 impl Drop for Permit {
     fn drop(&mut self) {
         if self.bytes != 0 {
-            self.shared.release_bytes(self.bytes);
+            let bytes = self.take_bytes();
+            give_back(&self.shared, bytes, self.epoch);
         }
         self.shared.release(&self.claim);
     }
@@ -102,9 +128,13 @@ impl Drop for Permit {
 
 impl Drop for ByteReservation {
     fn drop(&mut self) {
-        if self.bytes != 0 {
-            self.shared.release_bytes(self.bytes);
-        }
+        give_back(&self.shared, self.bytes, self.epoch);
+    }
+}
+
+fn give_back(shared: &Shared, bytes: u64, epoch: Option<Epoch>) {
+    if let (true, Some(epoch)) = (bytes != 0, epoch) {
+        shared.slots().give_back_bytes(bytes, epoch);
     }
 }
 

@@ -45,6 +45,13 @@ impl Readiness {
                     };
                     return Poll::Ready(());
                 }
+                // Polled again after the budget ran out: if a slot has come
+                // free since, let `call` take it rather than shed beside it.
+                // The spent budget is not started again.
+                Readiness::Shed(_) if bulkhead.shared().has_room() => {
+                    *self = Readiness::Idle;
+                    return Poll::Ready(());
+                }
                 Readiness::Admitted(_) | Readiness::Shed(_) => return Poll::Ready(()),
             }
         }

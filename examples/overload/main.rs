@@ -356,7 +356,7 @@ fn write_grid(options: &Options, rows: &[Row]) {
         log_y: true,
         series: series(|r| r.p99.as_secs_f64() * 1e3),
     };
-    let name = format!("{arrivals}").replace(' ', "-");
+    let name = arrivals.replace(' ', "-");
     write(options, &format!("grid-{name}.csv"), &csv);
     write(options, &format!("shed-{name}.svg"), &shed_chart.render());
     write(options, &format!("p99-{name}.svg"), &p99_chart.render());

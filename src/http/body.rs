@@ -1,7 +1,7 @@
 //! The response body, which holds the call's slot until it ends.
 
-use super::reserved::ReservedBytes;
 use crate::permit::Permit;
+use crate::sync::{lock, Arc, Mutex};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
@@ -11,15 +11,19 @@ use std::task::{ready, Context, Poll};
 
 /// What an admitted request holds until its response body ends: its slot,
 /// and the bytes reserved for it unless its handler took them over.
-pub(crate) struct InFlight {
-    pub(crate) _slot: Permit,
-    pub(crate) reserved: Option<ReservedBytes>,
+pub(crate) enum InFlight {
+    // Never read: it is held for its `Drop`, which frees the slot.
+    Alone(#[allow(dead_code)] Permit),
+    /// Shared with the [`ReservedBytes`](super::ReservedBytes) in the
+    /// request's extensions.
+    Shared(Arc<Mutex<Option<Permit>>>),
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if let Some(reserved) = &self.reserved {
-            reserved.release();
+        if let InFlight::Shared(permit) = self {
+            let permit = lock(permit).take();
+            drop(permit);
         }
     }
 }

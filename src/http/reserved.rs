@@ -1,6 +1,6 @@
 //! The byte reservation a request carries in its extensions.
 
-use crate::permit::ByteReservation;
+use crate::permit::{ByteReservation, Permit};
 use crate::sync::{lock, Arc, Mutex};
 use std::fmt;
 
@@ -30,15 +30,15 @@ use std::fmt;
 #[derive(Clone)]
 pub struct ReservedBytes {
     bytes: u64,
-    reservation: Arc<Mutex<Option<ByteReservation>>>,
+    /// The request's permit, shared with its response body: the bytes stay
+    /// on it (and come back with its slot if the response is leaked) until
+    /// the handler takes them off.
+    permit: Arc<Mutex<Option<Permit>>>,
 }
 
 impl ReservedBytes {
-    pub(crate) fn new(reservation: ByteReservation) -> Self {
-        Self {
-            bytes: reservation.bytes(),
-            reservation: Arc::new(Mutex::new(Some(reservation))),
-        }
+    pub(crate) fn new(bytes: u64, permit: Arc<Mutex<Option<Permit>>>) -> Self {
+        Self { bytes, permit }
     }
 
     /// How many bytes were reserved for the request.
@@ -47,9 +47,11 @@ impl ReservedBytes {
     }
 
     /// Whether the bytes are still held by the request (not released, not
-    /// taken).
+    /// taken, and the request not complete).
     pub fn is_held(&self) -> bool {
-        lock(&self.reservation).is_some()
+        lock(&self.permit)
+            .as_ref()
+            .is_some_and(|permit| permit.bytes() > 0)
     }
 
     /// Returns the bytes to the budget now.
@@ -59,9 +61,11 @@ impl ReservedBytes {
 
     /// Takes the reservation over: the bytes come back when it is dropped,
     /// no longer when the request completes. `None` if already taken or
-    /// released.
+    /// released, or if the request has completed.
     pub fn take(&self) -> Option<ByteReservation> {
-        lock(&self.reservation).take()
+        let mut permit = lock(&self.permit);
+        let permit = permit.as_mut().filter(|permit| permit.bytes() > 0)?;
+        Some(permit.split_bytes())
     }
 }
 

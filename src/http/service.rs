@@ -8,6 +8,7 @@ use super::response;
 use crate::bulkhead::Bulkhead;
 use crate::error::ServiceSaturated;
 use crate::readiness::Readiness;
+use crate::sync::{Arc, Mutex};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
@@ -16,7 +17,6 @@ use pin_project_lite::pin_project;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use tower_service::Service;
 
@@ -119,28 +119,27 @@ where
             };
             self.bulkhead.reserve_bytes(permit, share)
         });
-        let mut permit = match admitted {
+        let permit = match admitted {
             Ok(permit) => permit,
             Err(shed) => return ResponseFuture::refused(self.shed_response(&shed)),
         };
 
         let (mut parts, body) = request.into_parts();
-        let reserved = (permit.bytes() > 0).then(|| {
-            let reserved = ReservedBytes::new(permit.split_bytes());
-            parts.extensions.insert(reserved.clone());
-            reserved
-        });
+        let in_flight = if permit.bytes() > 0 {
+            let bytes = permit.bytes();
+            let permit = Arc::new(Mutex::new(Some(permit)));
+            parts
+                .extensions
+                .insert(ReservedBytes::new(bytes, permit.clone()));
+            InFlight::Shared(permit)
+        } else {
+            InFlight::Alone(permit)
+        };
         let limit = body_limit.map_or(usize::MAX, |limit| {
             usize::try_from(limit).unwrap_or(usize::MAX)
         });
         let request = Request::from_parts(parts, Limited::new(body, limit));
-        ResponseFuture::called(
-            self.inner.call(request),
-            InFlight {
-                _slot: permit,
-                reserved,
-            },
-        )
+        ResponseFuture::called(self.inner.call(request), in_flight)
     }
 }
 

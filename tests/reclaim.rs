@@ -1,0 +1,297 @@
+//! Leaked slots and late releases: what no `Drop` covers is reclaimed after
+//! `reclaim_after` (never before), and a late release never evicts the newer
+//! holder, across reclaim and across `reset()`.
+//!
+//! `reclaim_after` is timed with `ManualClock`; nothing sleeps.
+
+use std::convert::Infallible;
+use std::future::{pending, poll_fn, Future};
+use std::task::Poll;
+use std::time::Duration;
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_inflight::{BoxError, Bulkhead, ConcurrencyLayer, Config, ManualClock, ServiceSaturated};
+
+const RECLAIM: Duration = Duration::from_secs(30);
+const NANO: Duration = Duration::from_nanos(1);
+
+fn manual(limit: usize) -> (Bulkhead, ManualClock) {
+    let clock = ManualClock::new();
+    let bulkhead = Bulkhead::new(Config::new(limit, RECLAIM).clock(clock.clone()));
+    (bulkhead, clock)
+}
+
+#[test]
+fn forgotten_permit_is_reclaimed_after_reclaim_after() {
+    let (bulkhead, clock) = manual(1);
+    std::mem::forget(bulkhead.try_acquire().unwrap());
+    assert_eq!(bulkhead.in_flight(), 1);
+    assert!(bulkhead.try_acquire().is_err());
+
+    clock.advance(RECLAIM);
+    assert_eq!(bulkhead.in_flight(), 0, "the expired slot counts as free");
+    assert!(!bulkhead.is_saturated());
+    let permit = bulkhead
+        .try_acquire()
+        .expect("the leaked slot was reclaimed");
+    assert!(permit.was_reclaimed());
+    assert_eq!(bulkhead.in_flight(), 1);
+}
+
+#[test]
+fn forgotten_permit_is_not_reclaimed_before_reclaim_after() {
+    let (bulkhead, clock) = manual(1);
+    std::mem::forget(bulkhead.try_acquire().unwrap());
+    clock.advance(RECLAIM - NANO);
+    assert_eq!(bulkhead.in_flight(), 1);
+    assert!(bulkhead.is_saturated());
+    assert!(
+        bulkhead.try_acquire().is_err(),
+        "reclaimed {:?} early",
+        NANO
+    );
+}
+
+#[test]
+fn forgotten_permit_taken_mid_tick_is_not_reclaimed_before_reclaim_after() {
+    let clock = ManualClock::new();
+    let reclaim = Duration::from_secs(1); // exactly 1024 ticks: no rounding up
+    let bulkhead = Bulkhead::new(Config::new(1, reclaim).clock(clock.clone()));
+    clock.advance(Duration::from_micros(900)); // inside the first tick (976.5 us)
+    std::mem::forget(bulkhead.try_acquire().unwrap());
+
+    // 999.1 ms after the claim: reclaim_after has not elapsed yet.
+    clock.advance(Duration::from_micros(999_100));
+    assert!(
+        bulkhead.try_acquire().is_err(),
+        "reclaimed {:?} after the claim, before reclaim_after ({reclaim:?})",
+        clock.elapsed() - Duration::from_micros(900)
+    );
+}
+
+#[test]
+fn forgotten_permit_with_bytes_gives_its_bytes_back_after_reclaim_after() {
+    let clock = ManualClock::new();
+    let bulkhead = Bulkhead::new(Config::new(2, RECLAIM).max_bytes(1000).clock(clock.clone()));
+    std::mem::forget(bulkhead.try_acquire_bytes(800).unwrap());
+    assert!(bulkhead.try_acquire_bytes(800).is_err());
+    clock.advance(RECLAIM);
+    assert_eq!(bulkhead.in_flight(), 0, "the slot was reclaimed");
+    assert!(
+        bulkhead.try_acquire_bytes(800).is_ok(),
+        "the slot came back but its {} reserved bytes never will",
+        bulkhead.bytes_reserved()
+    );
+}
+
+#[test]
+fn permit_not_forgotten_is_never_reported_as_reclaimed() {
+    let (bulkhead, clock) = manual(1);
+    let permit = bulkhead.try_acquire().unwrap();
+    assert!(!permit.was_reclaimed());
+    drop(permit);
+    clock.advance(RECLAIM * 2);
+    let again = bulkhead.try_acquire().unwrap();
+    assert!(
+        !again.was_reclaimed(),
+        "a slot that was released is not a reclaimed one, however long ago"
+    );
+}
+
+#[test]
+fn each_leaked_slot_is_reclaimed_by_its_own_deadline() {
+    let (bulkhead, clock) = manual(2);
+    std::mem::forget(bulkhead.try_acquire().unwrap());
+    clock.advance(RECLAIM / 2);
+    std::mem::forget(bulkhead.try_acquire().unwrap());
+    clock.advance(RECLAIM / 2);
+    assert_eq!(bulkhead.in_flight(), 1, "only the first leak has expired");
+    let first = bulkhead.try_acquire().unwrap();
+    assert!(first.was_reclaimed());
+    assert!(bulkhead.try_acquire().is_err());
+    clock.advance(RECLAIM / 2);
+    let second = bulkhead.try_acquire().unwrap();
+    assert!(second.was_reclaimed());
+}
+
+#[test]
+fn late_release_after_reclaim_leaves_the_new_holder_counted() {
+    let (bulkhead, clock) = manual(1);
+    let old = bulkhead.try_acquire().unwrap();
+    clock.advance(RECLAIM); // a wedged holder, not a leaked one
+    let new = bulkhead.try_acquire().unwrap();
+    assert!(new.was_reclaimed());
+
+    drop(old); // the wedged holder finally finishes
+    assert_eq!(
+        bulkhead.in_flight(),
+        1,
+        "the late release evicted the new holder"
+    );
+    assert!(
+        bulkhead.try_acquire().is_err(),
+        "the new holder's slot was freed"
+    );
+
+    drop(new);
+    assert_eq!(bulkhead.in_flight(), 0);
+}
+
+#[test]
+fn late_release_after_reset_in_the_same_tick_leaves_the_new_holder_counted() {
+    let (bulkhead, clock) = manual(1);
+    let old = bulkhead.try_acquire().unwrap();
+    bulkhead.reset();
+    assert_eq!(bulkhead.in_flight(), 0);
+    let new = bulkhead.try_acquire().unwrap();
+    assert_eq!(clock.elapsed(), Duration::ZERO, "no clock movement at all");
+
+    drop(old);
+    assert_eq!(
+        bulkhead.in_flight(),
+        1,
+        "the stale permit freed the new one"
+    );
+    assert!(bulkhead.try_acquire().is_err());
+    drop(new);
+    assert_eq!(bulkhead.in_flight(), 0);
+}
+
+#[test]
+fn late_releases_after_repeated_resets_in_the_same_tick_evict_nobody() {
+    let (bulkhead, _clock) = manual(3);
+    let mut stale = Vec::new();
+    for _ in 0..5 {
+        for _ in 0..3 {
+            stale.push(bulkhead.try_acquire().unwrap());
+        }
+        bulkhead.reset();
+    }
+    let current: Vec<_> = (0..3).map(|_| bulkhead.try_acquire().unwrap()).collect();
+    drop(stale);
+    assert_eq!(bulkhead.in_flight(), 3);
+    assert!(bulkhead.try_acquire().is_err());
+    drop(current);
+    assert_eq!(bulkhead.in_flight(), 0);
+}
+
+#[test]
+fn reset_frees_every_slot_including_leaked_ones() {
+    let (bulkhead, _clock) = manual(2);
+    std::mem::forget(bulkhead.try_acquire().unwrap());
+    let _held = bulkhead.try_acquire().unwrap();
+    bulkhead.reset();
+    assert_eq!(bulkhead.in_flight(), 0);
+    assert_eq!(bulkhead.available(), 2);
+}
+
+// ---- through the tower layer ------------------------------------------------
+
+/// Answers its request at once, except request 0, which hangs forever.
+fn hanging_service() -> impl Service<
+    u32,
+    Response = u32,
+    Error = Infallible,
+    Future = impl Future<Output = Result<u32, Infallible>>,
+> + Clone {
+    service_fn(|request: u32| async move {
+        if request == 0 {
+            pending::<()>().await;
+        }
+        Ok::<_, Infallible>(request)
+    })
+}
+
+fn shed_of(error: &BoxError) -> &ServiceSaturated {
+    error
+        .downcast_ref::<ServiceSaturated>()
+        .unwrap_or_else(|| panic!("expected ServiceSaturated, got {error}"))
+}
+
+#[tokio::test]
+async fn forgotten_response_future_is_reclaimed_after_reclaim_after() {
+    let clock = ManualClock::new();
+    let layer = ConcurrencyLayer::new(Config::new(1, RECLAIM).clock(clock.clone()));
+    let bulkhead = layer.bulkhead();
+    let mut service = layer.layer(hanging_service());
+
+    let leaked = service.ready().await.unwrap().call(0);
+    std::mem::forget(leaked);
+    assert_eq!(bulkhead.in_flight(), 1);
+
+    clock.advance(RECLAIM - NANO);
+    let error = service.ready().await.unwrap().call(1).await.unwrap_err();
+    shed_of(&error);
+
+    clock.advance(NANO);
+    assert_eq!(bulkhead.in_flight(), 0);
+    let permit = bulkhead
+        .try_acquire()
+        .expect("the leaked slot was reclaimed");
+    assert!(
+        permit.was_reclaimed(),
+        "the slot came from the leaked future"
+    );
+    drop(permit);
+    assert_eq!(service.ready().await.unwrap().call(1).await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn call_through_the_layer_is_admitted_on_a_reclaimed_slot() {
+    let clock = ManualClock::new();
+    let layer = ConcurrencyLayer::new(Config::new(1, RECLAIM).clock(clock.clone()));
+    let bulkhead = layer.bulkhead();
+    let mut service = layer.layer(hanging_service());
+    std::mem::forget(service.ready().await.unwrap().call(0));
+    clock.advance(RECLAIM);
+    assert_eq!(service.ready().await.unwrap().call(7).await.unwrap(), 7);
+    assert_eq!(bulkhead.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn never_dropped_response_future_is_reclaimed_and_its_late_drop_evicts_nobody() {
+    let clock = ManualClock::new();
+    let layer = ConcurrencyLayer::new(Config::new(1, RECLAIM).clock(clock.clone()));
+    let bulkhead = layer.bulkhead();
+    let mut service = layer.layer(hanging_service());
+
+    // Polled once and then kept alive, never dropped: a holder wedged forever.
+    let mut wedged = Box::pin(service.ready().await.unwrap().call(0));
+    let first_poll = poll_fn(|cx| Poll::Ready(wedged.as_mut().poll(cx))).await;
+    assert!(first_poll.is_pending());
+    clock.advance(RECLAIM - NANO);
+    assert!(bulkhead.try_acquire().is_err());
+    clock.advance(NANO);
+
+    let new = bulkhead
+        .try_acquire()
+        .expect("the wedged slot was reclaimed");
+    assert!(new.was_reclaimed());
+    drop(wedged);
+    assert_eq!(
+        bulkhead.in_flight(),
+        1,
+        "the wedged future's drop freed the new holder"
+    );
+    drop(new);
+    assert_eq!(bulkhead.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn forgotten_acquire_that_was_handed_a_slot_is_reclaimed() {
+    let clock = ManualClock::new();
+    let bulkhead = Bulkhead::new(
+        Config::new(1, RECLAIM)
+            .wait(Duration::from_millis(10))
+            .clock(clock.clone()),
+    );
+    let held = bulkhead.try_acquire().unwrap();
+    let mut parked = tokio_test::task::spawn(bulkhead.acquire());
+    assert!(parked.poll().is_pending());
+    drop(held); // handed to the parked caller...
+    std::mem::forget(parked); // ...which vanishes without taking or passing it on
+    assert_eq!(bulkhead.in_flight(), 1);
+    clock.advance(RECLAIM - NANO);
+    assert!(bulkhead.try_acquire().is_err());
+    clock.advance(NANO);
+    assert!(bulkhead.try_acquire().unwrap().was_reclaimed());
+}

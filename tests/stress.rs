@@ -1,0 +1,298 @@
+//! Many callers on several threads, cancelled at random in every way a call
+//! can end early. Whatever happens, the inner service never sees more than
+//! `limit` calls at once, and at the end nothing is held and nobody waits.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::task::JoinSet;
+use tower::{Layer, Service, ServiceExt};
+use tower_inflight::{BoxError, Bulkhead, ConcurrencyLayer, Config, ServiceSaturated};
+
+const RECLAIM: Duration = Duration::from_secs(120);
+const LIMIT: usize = 4;
+const TASKS: u64 = 32;
+const CALLS_PER_TASK: u64 = 200;
+
+/// xorshift64*: a tiny deterministic generator, one per task.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
+    }
+}
+
+/// Counts the inner service's concurrent calls and the most it ever saw.
+#[derive(Clone, Default)]
+struct Meter {
+    current: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
+    completed: Arc<AtomicUsize>,
+}
+
+struct Inside(Meter);
+
+impl Meter {
+    fn enter(&self) -> Inside {
+        let now = self.current.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(now, Ordering::SeqCst);
+        Inside(self.clone())
+    }
+
+    fn peak(&self) -> usize {
+        self.peak.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        self.0.current.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The inner service: the request says how long to work, in yields (or, past
+/// 1000, a real sleep of that many microseconds minus 1000).
+#[derive(Clone)]
+struct Metered(Meter);
+
+impl Service<u64> for Metered {
+    type Response = ();
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, work: u64) -> Self::Future {
+        let meter = self.0.clone();
+        Box::pin(async move {
+            let _inside = meter.enter();
+            if work >= 1000 {
+                tokio::time::sleep(Duration::from_micros(work - 1000)).await;
+            } else {
+                for _ in 0..work {
+                    tokio::task::yield_now().await;
+                }
+            }
+            meter.completed.fetch_add(1, Ordering::SeqCst);
+            if work % 7 == 3 {
+                Err("inner failure".into())
+            } else {
+                Ok(())
+            }
+        })
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    ok: AtomicUsize,
+    shed: AtomicUsize,
+    failed: AtomicUsize,
+    cancelled: AtomicUsize,
+}
+
+impl Tally {
+    fn record(&self, outcome: Option<Result<(), BoxError>>) {
+        let counter = match outcome {
+            None => &self.cancelled,
+            Some(Ok(())) => &self.ok,
+            Some(Err(error)) if error.is::<ServiceSaturated>() => &self.shed,
+            Some(Err(_)) => &self.failed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// One caller: a series of calls, each ending in a randomly chosen way.
+async fn caller<S>(mut service: S, seed: u64, tally: Arc<Tally>)
+where
+    S: Service<u64, Response = (), Error = BoxError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let mut rng = Rng::new(seed);
+    for _ in 0..CALLS_PER_TASK {
+        let work = match rng.below(10) {
+            0 => 1000 + rng.below(300), // a real (sub-)millisecond sleep
+            _ => rng.below(6),
+        };
+        match rng.below(7) {
+            // Runs to completion.
+            0 | 1 => {
+                let outcome = async { service.ready().await?.call(work).await }.await;
+                tally.record(Some(outcome));
+            }
+            // Dropped after one poll.
+            2 => {
+                let call = match service.ready().await {
+                    Ok(ready) => ready.call(work),
+                    Err(error) => panic!("poll_ready failed: {error}"),
+                };
+                tally.record(futures_util::FutureExt::now_or_never(call));
+            }
+            // Dropped before it was ever polled.
+            3 => {
+                drop(service.ready().await.unwrap().call(work));
+                tally.record(None);
+            }
+            // A tiny timeout around the whole call, readiness included.
+            4 => {
+                let budget = Duration::from_micros(rng.below(400));
+                let call = async { service.ready().await?.call(work).await };
+                tally.record(tokio::time::timeout(budget, call).await.ok());
+            }
+            // A clone in a task of its own, aborted after a few yields.
+            5 => {
+                let mut clone = service.clone();
+                let task = tokio::spawn(async move { clone.ready().await?.call(work).await });
+                for _ in 0..rng.below(4) {
+                    tokio::task::yield_now().await;
+                }
+                task.abort();
+                tally.record(task.await.ok());
+            }
+            // A clone that polls ready and is dropped without calling.
+            _ => {
+                let mut clone = service.clone();
+                let budget = Duration::from_micros(rng.below(400));
+                let _ = tokio::time::timeout(budget, clone.ready()).await;
+                drop(clone);
+                tally.record(None);
+            }
+        }
+    }
+}
+
+async fn run(config: Config) -> (Bulkhead, Meter, Arc<Tally>) {
+    let layer = ConcurrencyLayer::new(config);
+    let bulkhead = layer.bulkhead();
+    let meter = Meter::default();
+    let service = layer.layer(Metered(meter.clone()));
+    let tally = Arc::new(Tally::default());
+    let mut tasks = JoinSet::new();
+    for seed in 0..TASKS {
+        tasks.spawn(caller(service.clone(), seed + 1, tally.clone()));
+    }
+    while let Some(joined) = tasks.join_next().await {
+        joined.expect("a caller panicked");
+    }
+    (bulkhead, meter, tally)
+}
+
+fn assert_settled(bulkhead: &Bulkhead, meter: &Meter, tally: &Tally) {
+    assert!(
+        meter.peak() <= LIMIT,
+        "the inner service saw {} calls at once, over the limit of {LIMIT}",
+        meter.peak()
+    );
+    assert!(meter.peak() >= 1, "nothing ever ran");
+    assert_eq!(meter.current.load(Ordering::SeqCst), 0);
+    assert_eq!(bulkhead.in_flight(), 0, "slots leaked");
+    assert_eq!(bulkhead.waiting(), 0, "callers left parked");
+    assert_eq!(bulkhead.available(), LIMIT);
+    assert!(
+        tally.ok.load(Ordering::Relaxed) > 0,
+        "no call ever succeeded"
+    );
+    let total = tally.ok.load(Ordering::Relaxed)
+        + tally.shed.load(Ordering::Relaxed)
+        + tally.failed.load(Ordering::Relaxed)
+        + tally.cancelled.load(Ordering::Relaxed);
+    assert_eq!(total as u64, TASKS * CALLS_PER_TASK);
+    // With everything released, the full limit is usable again at once.
+    let permits: Vec<_> = (0..LIMIT)
+        .map(|_| bulkhead.try_acquire().unwrap())
+        .collect();
+    assert!(bulkhead.try_acquire().is_err());
+    drop(permits);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_cancellation_never_exceeds_the_limit_nor_leaks_a_slot() {
+    let (bulkhead, meter, tally) = run(Config::new(LIMIT, RECLAIM)).await;
+    assert_settled(&bulkhead, &meter, &tally);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_cancellation_with_a_wait_budget_never_exceeds_the_limit_nor_leaks() {
+    let config = Config::new(LIMIT, RECLAIM)
+        .wait(Duration::from_millis(1))
+        .max_waiting(16);
+    let (bulkhead, meter, tally) = run(config).await;
+    assert_settled(&bulkhead, &meter, &tally);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_acquires_dropped_at_random_never_strand_a_slot() {
+    let bulkhead = Bulkhead::new(Config::new(2, RECLAIM).wait(Duration::from_millis(1)));
+    let holders = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let mut tasks = JoinSet::new();
+    for seed in 0..16 {
+        let (bulkhead, holders, peak) = (bulkhead.clone(), holders.clone(), peak.clone());
+        tasks.spawn(async move {
+            let mut rng = Rng::new(seed + 100);
+            for _ in 0..200 {
+                let budget = Duration::from_micros(rng.below(300));
+                // Shed, or cancelled while parked (or while just handed a slot).
+                let Ok(Ok(permit)) = tokio::time::timeout(budget, bulkhead.acquire()).await else {
+                    continue;
+                };
+                let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                for _ in 0..rng.below(3) {
+                    tokio::task::yield_now().await;
+                }
+                holders.fetch_sub(1, Ordering::SeqCst);
+                drop(permit);
+            }
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        joined.unwrap();
+    }
+    assert!(peak.load(Ordering::SeqCst) <= 2);
+    assert!(peak.load(Ordering::SeqCst) >= 1);
+    assert_eq!(bulkhead.in_flight(), 0);
+    assert_eq!(bulkhead.waiting(), 0);
+}
+
+#[test]
+fn threads_hammering_try_acquire_never_exceed_the_limit() {
+    let bulkhead = Bulkhead::new(Config::new(3, RECLAIM));
+    let holders = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let admitted = Arc::new(AtomicUsize::new(0));
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            let (bulkhead, holders, peak, admitted) = (&bulkhead, &holders, &peak, &admitted);
+            scope.spawn(move || {
+                for _ in 0..20_000 {
+                    if let Ok(permit) = bulkhead.try_acquire() {
+                        let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
+                        peak.fetch_max(now, Ordering::SeqCst);
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                        std::hint::spin_loop();
+                        holders.fetch_sub(1, Ordering::SeqCst);
+                        drop(permit);
+                    }
+                }
+            });
+        }
+    });
+    assert!(peak.load(Ordering::SeqCst) <= 3);
+    assert!(admitted.load(Ordering::Relaxed) > 0);
+    assert_eq!(bulkhead.in_flight(), 0);
+}
