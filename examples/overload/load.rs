@@ -26,6 +26,15 @@ pub(crate) enum Arrivals {
     Paced,
 }
 
+impl Arrivals {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Arrivals::Poisson => "poisson",
+            Arrivals::Paced => "paced",
+        }
+    }
+}
+
 /// SplitMix64: a small seeded generator, so runs are repeatable.
 pub(crate) struct Rng(u64);
 
@@ -35,7 +44,7 @@ impl Rng {
     }
 
     /// Uniform in (0, 1].
-    fn next_unit(&mut self) -> f64 {
+    pub(crate) fn next_unit(&mut self) -> f64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -44,7 +53,7 @@ impl Rng {
         ((z >> 11) as f64 + 1.0) / (1u64 << 53) as f64
     }
 
-    fn gap(&mut self, arrivals: Arrivals, rate: f64) -> f64 {
+    pub(crate) fn gap(&mut self, arrivals: Arrivals, rate: f64) -> f64 {
         match arrivals {
             Arrivals::Poisson => -self.next_unit().ln() / rate,
             Arrivals::Paced => 1.0 / rate,

@@ -38,6 +38,9 @@ struct Options {
     seconds: f64,
     seed: u64,
     out: PathBuf,
+    /// Set by the parent for a child process that runs one limiter.
+    variant: Option<usize>,
+    measured: Option<Duration>,
 }
 
 fn options() -> Options {
@@ -50,6 +53,8 @@ fn options() -> Options {
         seconds: 4.0,
         seed: 1,
         out: PathBuf::from("target/overload"),
+        variant: None,
+        measured: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -78,6 +83,8 @@ fn options() -> Options {
             }
             "--seed" => options.seed = number(&value()),
             "--out" => options.out = PathBuf::from(value()),
+            "--variant" => options.variant = Some(number(&value()) as usize),
+            "--measured-us" => options.measured = Some(Duration::from_micros(number(&value()))),
             other => usage(&format!("unknown option {other:?}")),
         }
     }
@@ -104,22 +111,62 @@ fn usage(problem: &str) -> ! {
 async fn main() {
     let options = options();
     std::fs::create_dir_all(&options.out).expect("create the output folder");
-    let measured = measure_service_time(options.service_time).await;
+    let measured = match options.measured {
+        Some(measured) => measured,
+        None => measure_service_time(options.service_time).await,
+    };
     let capacity = options.limit as f64 / measured.as_secs_f64();
+    if let Some(index) = options.variant {
+        let variants = if options.degrade {
+            &DEGRADE_VARIANTS[..]
+        } else {
+            &Variant::ALL[..]
+        };
+        let variant = *variants
+            .get(index)
+            .unwrap_or_else(|| usage("no such variant"));
+        if options.degrade {
+            degrade(&options, variant, capacity).await;
+        } else {
+            grid(&options, variant, measured, capacity).await;
+        }
+        return;
+    }
     println!(
-        "limit {}, service time {:?} (measured {:.2} ms): capacity {:.0} calls/s; {:?} arrivals, seed {}",
+        "limit {}, service time {:?} (measured {:.2} ms): capacity {:.0} calls/s; {} arrivals, seed {}",
         options.limit,
         options.service_time,
         measured.as_secs_f64() * 1e3,
         capacity,
-        options.arrivals,
+        options.arrivals.name(),
         options.seed
     );
+    println!("each limiter runs in a process of its own, so that its peak memory is its own");
     if options.degrade {
-        degrade(&options, capacity).await;
+        run_children(DEGRADE_VARIANTS.len(), measured);
+        write_degrade(&options);
     } else {
-        grid(&options, measured, capacity).await;
+        print_header();
+        run_children(Variant::ALL.len(), measured);
+        write_grid(&options);
         per_connection_trap(&options, capacity).await;
+    }
+}
+
+/// Runs this program again for each limiter, with the same options.
+fn run_children(count: usize, measured: Duration) {
+    let exe = std::env::current_exe().expect("this program's path");
+    for index in 0..count {
+        let status = std::process::Command::new(&exe)
+            .args(std::env::args().skip(1))
+            .args(["--variant", &index.to_string()])
+            .args(["--measured-us", &measured.as_micros().to_string()])
+            .status()
+            .expect("run a limiter's process");
+        if !status.success() {
+            eprintln!("overload: the process for limiter {index} failed: {status}");
+            std::process::exit(1);
+        }
     }
 }
 
@@ -134,6 +181,14 @@ async fn measure_service_time(nominal: Duration) -> Duration {
     start.elapsed() / rounds
 }
 
+/// The limiters the degrade scenario compares.
+const DEGRADE_VARIANTS: [Variant; 4] = [
+    Variant::NoLimit,
+    Variant::TowerQueue,
+    Variant::Ours,
+    Variant::OursWait,
+];
+
 struct Row {
     variant: Variant,
     load: f64,
@@ -147,20 +202,39 @@ struct Row {
     shed_p99: Duration,
     peak_inside: usize,
     peak_memory: f64,
-    erlang_b: f64,
+    /// The least any limiter of this kind can shed at this load: Erlang-B
+    /// for one that never queues, an ideal FIFO queue with the same patience
+    /// for one that waits.
+    floor: f64,
 }
 
-async fn grid(options: &Options, measured: Duration, capacity: f64) {
-    let loads: &[f64] = if options.quick {
-        &[0.5, 1.0, 2.0, 4.0]
-    } else {
-        &[0.25, 0.5, 1.0, 2.0, 4.0]
-    };
-    let seconds = Duration::from_secs_f64(options.seconds);
-    let client = load::client();
-    let mut rows = Vec::new();
+const CSV_HEADER: &str = "limiter,load_pct,offered_per_s,achieved_per_s,shed_pct,goodput_pct,p50_ms,p99_ms,max_ms,shed_p99_ms,peak_inside,peak_mib,floor_pct\n";
+
+impl Row {
+    fn csv(&self) -> String {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        format!(
+            "{},{:.0},{:.1},{:.1},{:.2},{:.2},{:.3},{:.3},{:.3},{:.3},{},{:.1},{:.2}\n",
+            self.variant.label(),
+            self.load * 100.0,
+            self.offered,
+            self.achieved,
+            self.shed,
+            self.goodput,
+            ms(self.p50),
+            ms(self.p99),
+            ms(self.max),
+            ms(self.shed_p99),
+            self.peak_inside,
+            self.peak_memory,
+            self.floor
+        )
+    }
+}
+
+fn print_header() {
     println!(
-        "\n{:<38} {:>5} {:>8} {:>8} {:>6} {:>7} {:>7} {:>8} {:>8} {:>8} {:>5} {:>6} {:>7}",
+        "\n{:<38} {:>5} {:>8} {:>8} {:>6} {:>7} {:>7} {:>8} {:>8} {:>8} {:>5} {:>6} {:>6}",
         "limiter",
         "load",
         "offered",
@@ -173,61 +247,69 @@ async fn grid(options: &Options, measured: Duration, capacity: f64) {
         "shed p99",
         "peak",
         "MiB",
-        "Erlang-B"
+        "floor"
     );
-    for variant in Variant::ALL {
-        let dependency = Dependency::new(options.service_time);
-        let app = variant.app(options.limit, options.service_time, dependency.clone());
-        let (addr, server) = server::serve(app).await;
-        for (i, &load) in loads.iter().enumerate() {
-            let mut rng = Rng::new(options.seed.wrapping_add(i as u64));
-            let rate = capacity * load;
-            dependency.take_peak();
-            stats::reset_peak_memory();
-            let outcomes = load::offer(
-                &client,
-                addr,
-                rate,
-                seconds,
-                options.arrivals,
-                &mut rng,
-                Duration::from_secs(30),
-            )
-            .await;
-            let row = row(
-                variant,
-                load,
-                rate,
-                seconds,
-                capacity,
-                measured,
-                options.limit,
-                &outcomes,
-                &dependency,
-            );
-            print_row(&row);
-            rows.push(row);
-            settle(&dependency).await;
-        }
-        server.abort();
+}
+
+/// One limiter against every load, each row printed and kept as CSV.
+async fn grid(options: &Options, variant: Variant, measured: Duration, capacity: f64) {
+    let loads: &[f64] = if options.quick {
+        &[0.5, 1.0, 2.0, 4.0]
+    } else {
+        &[0.25, 0.5, 1.0, 2.0, 4.0]
+    };
+    let seconds = Duration::from_secs_f64(options.seconds);
+    let client = load::client();
+    let dependency = Dependency::new(options.service_time);
+    let app = variant.app(options.limit, options.service_time, dependency.clone());
+    let (addr, _server) = server::serve(app).await;
+    let mut csv = String::new();
+    for (i, &load) in loads.iter().enumerate() {
+        let mut rng = Rng::new(options.seed.wrapping_add(i as u64));
+        let rate = capacity * load;
+        dependency.take_peak();
+        stats::reset_peak_memory();
+        let outcomes = load::offer(
+            &client,
+            addr,
+            rate,
+            seconds,
+            options.arrivals,
+            &mut rng,
+            Duration::from_secs(30),
+        )
+        .await;
+        let row = row(
+            options,
+            variant,
+            load,
+            rate,
+            seconds,
+            capacity,
+            measured,
+            &outcomes,
+            &dependency,
+        );
+        print_row(&row);
+        csv.push_str(&row.csv());
+        settle(&dependency).await;
     }
-    write_grid(options, &rows);
+    write(options, &format!("part-{}.csv", variant as usize), &csv);
 }
 
 #[allow(clippy::too_many_arguments)]
 fn row(
+    options: &Options,
     variant: Variant,
     load: f64,
     rate: f64,
     seconds: Duration,
     capacity: f64,
     measured: Duration,
-    limit: usize,
     outcomes: &[Outcome],
     dependency: &Dependency,
 ) -> Row {
     let ok = stats::count(outcomes, Status::Ok);
-    let shed = outcomes.len() - ok;
     let achieved = ok as f64 / seconds.as_secs_f64();
     let mut ok_latencies = stats::latencies(outcomes, Status::Ok);
     let mut shed_latencies: Vec<Duration> = outcomes
@@ -235,12 +317,28 @@ fn row(
         .filter(|o| o.status != Status::Ok)
         .map(|o| o.latency)
         .collect();
+    let patience = if variant == Variant::OursWait {
+        options.service_time
+    } else {
+        Duration::ZERO
+    };
+    let floor = match (options.arrivals, patience.is_zero()) {
+        (Arrivals::Poisson, true) => stats::erlang_b(rate * measured.as_secs_f64(), options.limit),
+        _ => stats::fifo_floor(
+            rate,
+            measured,
+            options.limit,
+            patience,
+            options.arrivals,
+            options.seed,
+        ),
+    };
     Row {
         variant,
         load,
         offered: outcomes.len() as f64 / seconds.as_secs_f64(),
         achieved,
-        shed: 100.0 * shed as f64 / outcomes.len().max(1) as f64,
+        shed: 100.0 * (outcomes.len() - ok) as f64 / outcomes.len().max(1) as f64,
         goodput: 100.0 * achieved / capacity,
         p50: stats::quantile(&mut ok_latencies, 0.50),
         p99: stats::quantile(&mut ok_latencies, 0.99),
@@ -248,18 +346,18 @@ fn row(
         shed_p99: stats::quantile(&mut shed_latencies, 0.99),
         peak_inside: dependency.peak_inside.load(Ordering::SeqCst),
         peak_memory: stats::peak_memory_mib().unwrap_or(f64::NAN),
-        erlang_b: 100.0 * stats::erlang_b(rate * measured.as_secs_f64(), limit),
+        floor: 100.0 * floor,
     }
 }
 
 fn print_row(row: &Row) {
-    let erlang = if row.variant.is_ours() {
-        format!("{:.1}%", row.erlang_b)
+    let floor = if row.variant.is_ours() {
+        format!("{:.1}%", row.floor)
     } else {
         String::new()
     };
     println!(
-        "{:<38} {:>4.0}% {:>7.0}/s {:>7.0}/s {:>5.1}% {:>6.1}% {:>7} {:>8} {:>8} {:>8} {:>5} {:>6.0} {:>7}",
+        "{:<38} {:>4.0}% {:>7.0}/s {:>7.0}/s {:>5.1}% {:>6.1}% {:>7} {:>8} {:>8} {:>8} {:>5} {:>6.0} {:>6}",
         row.variant.label(),
         row.load * 100.0,
         row.offered,
@@ -272,7 +370,7 @@ fn print_row(row: &Row) {
         ms(row.shed_p99),
         row.peak_inside,
         row.peak_memory,
-        erlang
+        floor
     );
 }
 
@@ -296,76 +394,84 @@ async fn settle(dependency: &Dependency) {
     tokio::time::sleep(Duration::from_millis(100)).await;
 }
 
-fn write_grid(options: &Options, rows: &[Row]) {
-    let mut csv = String::from("limiter,load_pct,offered_per_s,achieved_per_s,shed_pct,goodput_pct,p50_ms,p99_ms,max_ms,shed_p99_ms,peak_inside,peak_mib,erlang_b_pct\n");
-    for row in rows {
-        let _ = writeln!(
-            csv,
-            "{},{:.0},{:.1},{:.1},{:.2},{:.2},{:.3},{:.3},{:.3},{:.3},{},{:.1},{:.2}",
-            row.variant.label(),
-            row.load * 100.0,
-            row.offered,
-            row.achieved,
-            row.shed,
-            row.goodput,
-            row.p50.as_secs_f64() * 1e3,
-            row.p99.as_secs_f64() * 1e3,
-            row.max.as_secs_f64() * 1e3,
-            row.shed_p99.as_secs_f64() * 1e3,
-            row.peak_inside,
-            row.peak_memory,
-            row.erlang_b
-        );
+/// Gathers the limiters' rows into one CSV and draws them.
+fn write_grid(options: &Options) {
+    let mut csv = String::from(CSV_HEADER);
+    for variant in Variant::ALL {
+        csv.push_str(&read(options, &format!("part-{}.csv", variant as usize)));
     }
-    let series = |value: fn(&Row) -> f64| -> Vec<Series> {
+    let rows: Vec<Vec<&str>> = csv
+        .lines()
+        .skip(1)
+        .map(|line| line.split(',').collect())
+        .collect();
+    let column = |label: &str, index: usize| -> Vec<(f64, f64)> {
+        rows.iter()
+            .filter(|row| row[0] == label)
+            .map(|row| {
+                (
+                    row[1].parse().unwrap_or(0.0),
+                    row[index].parse().unwrap_or(0.0),
+                )
+            })
+            .collect()
+    };
+    let series = |index: usize| -> Vec<Series> {
         Variant::ALL
             .iter()
-            .map(|&variant| Series {
+            .map(|variant| Series {
                 label: variant.label().to_owned(),
-                points: rows
-                    .iter()
-                    .filter(|r| r.variant == variant)
-                    .map(|r| (r.load * 100.0, value(r)))
-                    .collect(),
+                points: column(variant.label(), index),
                 dashed: false,
             })
             .collect()
     };
-    let mut shed = series(|r| r.shed);
+    let mut shed = series(4);
     shed.push(Series {
-        label: "Erlang-B floor".to_owned(),
-        points: rows
-            .iter()
-            .filter(|r| r.variant == Variant::Ours)
-            .map(|r| (r.load * 100.0, r.erlang_b))
-            .collect(),
+        label: "floor for no-wait limiters".to_owned(),
+        points: column(Variant::Ours.label(), 12),
         dashed: true,
     });
-    let arrivals = format!("{:?} arrivals", options.arrivals).to_lowercase();
+    shed.push(Series {
+        label: "floor for wait = 1 service".to_owned(),
+        points: column(Variant::OursWait.label(), 12),
+        dashed: true,
+    });
+    let arrivals = options.arrivals.name();
     let shed_chart = Chart {
-        title: &format!("Shed % against offered load ({arrivals})"),
+        title: &format!("Shed % against offered load ({arrivals} arrivals)"),
         x_label: "offered load, % of capacity",
         y_label: "shed %",
         log_y: false,
         series: shed,
     };
     let p99_chart = Chart {
-        title: &format!("p99 latency of successful calls ({arrivals})"),
+        title: &format!("p99 latency of successful calls ({arrivals} arrivals)"),
         x_label: "offered load, % of capacity",
         y_label: "p99 ms (log)",
         log_y: true,
-        series: series(|r| r.p99.as_secs_f64() * 1e3),
+        series: series(7),
     };
-    let name = arrivals.replace(' ', "-");
-    write(options, &format!("grid-{name}.csv"), &csv);
-    write(options, &format!("shed-{name}.svg"), &shed_chart.render());
-    write(options, &format!("p99-{name}.svg"), &p99_chart.render());
+    write(options, &format!("grid-{arrivals}.csv"), &csv);
+    write(
+        options,
+        &format!("shed-{arrivals}.svg"),
+        &shed_chart.render(),
+    );
+    write(options, &format!("p99-{arrivals}.svg"), &p99_chart.render());
 }
 
 fn write(options: &Options, name: &str, contents: &str) {
     let path = options.out.join(name);
     std::fs::write(&path, contents).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
-    println!("wrote {}", path.display());
+    if !name.starts_with("part-") && !name.starts_with("degrade-part-") {
+        println!("wrote {}", path.display());
+    }
+}
+
+fn read(options: &Options, name: &str) -> String {
+    let path = options.out.join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
 }
 
 /// A limiting layer applied per connection: tower's `ConcurrencyLimitLayer`
@@ -373,12 +479,14 @@ fn write(options: &Options, name: &str, contents: &str) {
 async fn per_connection_trap(options: &Options, capacity: f64) {
     let seconds = Duration::from_secs_f64(options.seconds.min(2.0));
     let client = load::client();
-    println!("\nlayer applied per connection (a hand-rolled accept loop), 400 % load:");
+    println!(
+        "\nthe same layer value applied per connection (a hand-rolled accept loop), 400 % load:"
+    );
     for ours in [false, true] {
         let dependency = Dependency::new(options.service_time);
         let app = Variant::NoLimit.app(options.limit, options.service_time, dependency.clone());
         let (addr, server) = if ours {
-            server::serve_layered_per_connection(server::ours_per_connection(options.limit).0, app)
+            server::serve_layered_per_connection(server::ours_per_connection(options.limit), app)
                 .await
         } else {
             server::serve_layered_per_connection(server::tower_per_connection(options.limit), app)
@@ -413,91 +521,104 @@ async fn per_connection_trap(options: &Options, capacity: f64) {
 }
 
 /// The dependency slows from its service time to 2 s a call a third of the
-/// way in; every 250 ms, print what is inside the handler and parked in the
+/// way in; every 250 ms, print what is inside the handler and in the
 /// process, and how the calls that finished fared.
-async fn degrade(options: &Options, capacity: f64) {
+async fn degrade(options: &Options, variant: Variant, capacity: f64) {
     let total = if options.quick { 3.0 } else { 6.0 };
     let slow_at = total / 3.0;
     let slow = Duration::from_secs(2);
     let client = load::client();
-    let variants = [
-        Variant::NoLimit,
-        Variant::TowerQueue,
-        Variant::Ours,
-        Variant::OursWait,
-    ];
-    let mut timelines = Vec::new();
-    for variant in variants {
-        let dependency = Dependency::new(options.service_time);
-        let app = variant.app(options.limit, options.service_time, dependency.clone());
-        let (addr, server) = server::serve(app).await;
-        stats::reset_peak_memory();
-        let sampler = tokio::spawn(sample(dependency.clone(), total, slow_at, slow));
-        let mut rng = Rng::new(options.seed);
-        // Clients give up after 5 s; what they leave behind is cut off too.
-        let outcomes = load::offer(
-            &client,
-            addr,
-            capacity,
-            Duration::from_secs_f64(total),
-            options.arrivals,
-            &mut rng,
-            Duration::from_secs(5),
-        )
-        .await;
-        let samples = sampler.await.expect("sampler");
+    let dependency = Dependency::new(options.service_time);
+    let app = variant.app(options.limit, options.service_time, dependency.clone());
+    let (addr, _server) = server::serve(app).await;
+    stats::reset_peak_memory();
+    let sampler = tokio::spawn(sample(dependency.clone(), total, slow_at, slow));
+    let mut rng = Rng::new(options.seed);
+    // Clients give up after 5 s; what they leave behind is cut off too.
+    let outcomes = load::offer(
+        &client,
+        addr,
+        capacity,
+        Duration::from_secs_f64(total),
+        options.arrivals,
+        &mut rng,
+        Duration::from_secs(5),
+    )
+    .await;
+    let samples = sampler.await.expect("sampler");
+    println!(
+        "\n{} (dependency slows to {slow:?} at t = {slow_at:.1} s; offered {capacity:.0}/s):",
+        variant.label()
+    );
+    println!(
+        "{:>6} {:>8} {:>10} {:>9} {:>10}",
+        "t (s)", "inside", "in process", "p99", "goodput/s"
+    );
+    let mut csv = String::new();
+    for &(t, inside, in_process) in &samples {
+        let window: Vec<&Outcome> = outcomes
+            .iter()
+            .filter(|o| o.finished() > t - 0.25 && o.finished() <= t)
+            .collect();
+        let mut ok: Vec<Duration> = window
+            .iter()
+            .filter(|o| o.status == Status::Ok)
+            .map(|o| o.latency)
+            .collect();
+        let goodput = ok.len() as f64 / 0.25;
+        let p99 = stats::quantile(&mut ok, 0.99);
         println!(
-            "\n{} (dependency slows to {slow:?} at t = {slow_at:.1} s; offered {capacity:.0}/s):",
-            variant.label()
+            "{t:>6.2} {inside:>8} {in_process:>10} {:>9} {goodput:>10.0}",
+            ms(p99)
         );
-        println!(
-            "{:>6} {:>8} {:>10} {:>9} {:>10}",
-            "t (s)", "inside", "in process", "p99", "goodput/s"
+        let _ = writeln!(
+            csv,
+            "{},{t:.3},{inside},{in_process},{:.3},{goodput:.0}",
+            variant.label(),
+            p99.as_secs_f64() * 1e3
         );
-        let mut timeline = Vec::new();
-        for &(t, inside, in_process) in &samples {
-            let window: Vec<&Outcome> = outcomes
-                .iter()
-                .filter(|o| o.finished() > t - 0.25 && o.finished() <= t)
-                .collect();
-            let mut ok: Vec<Duration> = window
-                .iter()
-                .filter(|o| o.status == Status::Ok)
-                .map(|o| o.latency)
-                .collect();
-            let goodput = ok.len() as f64 / 0.25;
-            let p99 = stats::quantile(&mut ok, 0.99);
-            println!(
-                "{t:>6.2} {inside:>8} {in_process:>10} {:>9} {goodput:>10.0}",
-                ms(p99)
-            );
-            timeline.push((t, inside as f64, in_process as f64));
-        }
-        println!(
-            "peak memory {:.0} MiB",
-            stats::peak_memory_mib().unwrap_or(f64::NAN)
-        );
-        timelines.push((variant, timeline));
-        server.abort();
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "peak memory {:.0} MiB",
+        stats::peak_memory_mib().unwrap_or(f64::NAN)
+    );
+    let index = DEGRADE_VARIANTS
+        .iter()
+        .position(|&v| v == variant)
+        .unwrap_or(0);
+    write(options, &format!("degrade-part-{index}.csv"), &csv);
+}
+
+fn write_degrade(options: &Options) {
+    let mut csv = String::from("limiter,t_s,inside,in_process,p99_ms,goodput_per_s\n");
+    for index in 0..DEGRADE_VARIANTS.len() {
+        csv.push_str(&read(options, &format!("degrade-part-{index}.csv")));
     }
     let chart = Chart {
         title: "Requests in the process while the dependency slows (from t = 1/3)",
         x_label: "seconds",
         y_label: "requests in process (log)",
         log_y: true,
-        series: timelines
+        series: DEGRADE_VARIANTS
             .iter()
-            .map(|(variant, timeline)| Series {
+            .map(|variant| Series {
                 label: variant.label().to_owned(),
-                points: timeline
-                    .iter()
-                    .map(|&(t, _, in_process)| (t, in_process.max(0.5)))
+                points: csv
+                    .lines()
+                    .filter(|line| line.split(',').next() == Some(variant.label()))
+                    .filter_map(|line| {
+                        let fields: Vec<&str> = line.split(',').collect();
+                        Some((
+                            fields[1].parse().ok()?,
+                            fields[3].parse::<f64>().ok()?.max(0.5),
+                        ))
+                    })
                     .collect(),
                 dashed: false,
             })
             .collect(),
     };
+    write(options, "degrade.csv", &csv);
     write(options, "degrade.svg", &chart.render());
 }
 

@@ -18,7 +18,7 @@ use tower::limit::{ConcurrencyLimitLayer, GlobalConcurrencyLimitLayer};
 use tower::load_shed::LoadShedLayer;
 use tower::{BoxError, Layer, ServiceBuilder};
 use tower_inflight::http::HttpConcurrencyLayer;
-use tower_inflight::{Bulkhead, Config};
+use tower_inflight::Config;
 use tower_resilience_bulkhead::{BulkheadLayer, BulkheadServiceError};
 
 /// What the handler stands in for: a dependency taking `service_us` a call.
@@ -231,8 +231,6 @@ pub(crate) fn tower_per_connection(limit: usize) -> ConcurrencyLimitLayer {
     ConcurrencyLimitLayer::new(limit)
 }
 
-pub(crate) fn ours_per_connection(limit: usize) -> (HttpConcurrencyLayer, Bulkhead) {
-    let layer = HttpConcurrencyLayer::new(ours(limit));
-    let bulkhead = layer.bulkhead();
-    (layer, bulkhead)
+pub(crate) fn ours_per_connection(limit: usize) -> HttpConcurrencyLayer {
+    HttpConcurrencyLayer::new(ours(limit))
 }

@@ -1,6 +1,6 @@
 //! Figures from outcomes: percentiles, the Erlang-B floor, peak memory.
 
-use crate::load::{Outcome, Status};
+use crate::load::{Arrivals, Outcome, Rng, Status};
 use std::time::Duration;
 
 /// The `q` quantile (0..=1) of `values`, nearest rank; zero when empty.
@@ -32,6 +32,37 @@ pub(crate) fn erlang_b(erlangs: f64, servers: usize) -> f64 {
     (1..=servers).fold(1.0, |blocked, k| {
         erlangs * blocked / (k as f64 + erlangs * blocked)
     })
+}
+
+/// The share an ideal limiter sheds: `servers` slots each busy for `service`
+/// a call, and a FIFO line in which a caller waits at most `patience` (zero:
+/// no line at all), simulated over many arrivals of the same kind.
+pub(crate) fn fifo_floor(
+    rate: f64,
+    service: Duration,
+    servers: usize,
+    patience: Duration,
+    arrivals: Arrivals,
+    seed: u64,
+) -> f64 {
+    let (service, patience) = (service.as_secs_f64(), patience.as_secs_f64());
+    let mut rng = Rng::new(seed ^ 0x5EED);
+    // FIFO: each arrival starts on the earliest-free slot, if that is soon enough.
+    let mut free_at = std::collections::BinaryHeap::from(vec![std::cmp::Reverse(0u64); servers]);
+    let to_ns = |secs: f64| (secs * 1e9) as u64;
+    let (mut now, mut shed, arrivals_count) = (0.0, 0usize, 200_000);
+    for _ in 0..arrivals_count {
+        now += rng.gap(arrivals, rate);
+        let earliest = free_at.peek().map_or(0, |r| r.0);
+        let start = to_ns(now).max(earliest);
+        if start - to_ns(now) <= to_ns(patience) {
+            free_at.pop();
+            free_at.push(std::cmp::Reverse(start + to_ns(service)));
+        } else {
+            shed += 1;
+        }
+    }
+    shed as f64 / arrivals_count as f64
 }
 
 /// The process's peak resident memory since the last reset, in MiB (Linux).
