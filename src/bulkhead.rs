@@ -236,7 +236,7 @@ impl Bulkhead {
         self.shared.slots.reset();
         self.shared
             .waiters
-            .after_release(&self.shared.slots, self.shared.clock.now());
+            .after_release(&self.shared.slots, &self.shared.clock);
     }
 
     pub(crate) fn shared(&self) -> &Arc<Shared> {
@@ -264,7 +264,8 @@ impl Shared {
     #[inline]
     pub(crate) fn release(&self, claim: &Claim) {
         self.slots.release(claim);
-        self.waiters.after_release(&self.slots, self.clock.now());
+        // The clock is read only if somebody is parked.
+        self.waiters.after_release(&self.slots, &self.clock);
     }
 
     /// Adds `bytes` to `permit`, or drops it (handing its slot on) if the

@@ -79,7 +79,7 @@ impl ByteBudget {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(tower_inflight_loom)))]
 mod tests {
     use super::*;
 

@@ -125,7 +125,7 @@ impl ManualClock {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(tower_inflight_loom)))]
 mod tests {
     use super::*;
 

@@ -86,6 +86,8 @@ mod future;
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 mod layer;
+#[cfg(all(test, tower_inflight_loom))]
+mod loom_models;
 mod permit;
 mod readiness;
 mod service;

@@ -255,7 +255,7 @@ fn new_thread_hash() -> u32 {
     n.wrapping_mul(0x9E37_79B9).max(1)
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(tower_inflight_loom)))]
 mod tests {
     use super::*;
 

@@ -1,13 +1,14 @@
 //! The atomics and locks the crate uses, from `std` normally and from `loom`
-//! under `cfg(loom)`, so the same slot-table code runs in loom's models.
+//! under `cfg(tower_inflight_loom)`, so the same slot-table code runs in
+//! loom's models. (Not `cfg(loom)`, which would switch tokio to loom too.)
 
-#[cfg(not(loom))]
+#[cfg(not(tower_inflight_loom))]
 pub(crate) use std::sync::{
     atomic::{AtomicU64, AtomicUsize, Ordering},
     Arc, Mutex, MutexGuard,
 };
 
-#[cfg(loom)]
+#[cfg(tower_inflight_loom)]
 pub(crate) use loom::sync::{
     atomic::{AtomicU64, AtomicUsize, Ordering},
     Arc, Mutex, MutexGuard,
@@ -17,13 +18,13 @@ pub(crate) use loom::sync::{
 /// leaves its data consistent before anything in it can panic, so a poisoned
 /// lock carries no broken invariant, and a request path must never panic.
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    #[cfg(not(loom))]
+    #[cfg(not(tower_inflight_loom))]
     {
         mutex
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-    #[cfg(loom)]
+    #[cfg(tower_inflight_loom)]
     {
         mutex.lock().unwrap()
     }

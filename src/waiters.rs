@@ -10,6 +10,7 @@
 //! the front: removing it from the middle would cost a search, and the
 //! dispatcher skips it for free.
 
+use crate::clock::Clock;
 use crate::slots::{Claim, SlotTable};
 use crate::sync::{lock, Arc, AtomicUsize, Mutex, Ordering};
 use std::collections::VecDeque;
@@ -45,6 +46,14 @@ pub(crate) enum Arrival {
     QueueFull,
 }
 
+impl Node {
+    /// Whether a slot was handed to this caller and not yet taken.
+    #[cfg(all(test, tower_inflight_loom))]
+    pub(crate) fn is_granted(&self) -> bool {
+        matches!(*lock(&self.state), NodeState::Granted(_))
+    }
+}
+
 impl Waiters {
     /// Callers parked now. `Relaxed`: the fast path only needs a hint, since a
     /// caller that misses a parked neighbour arrived, in effect, before it.
@@ -57,9 +66,9 @@ impl Waiters {
     /// `SeqCst` load pairs with the `SeqCst` release in the slot table (see
     /// the slot table's "Memory ordering").
     #[inline]
-    pub(crate) fn after_release(&self, slots: &SlotTable, now: u64) {
+    pub(crate) fn after_release(&self, slots: &SlotTable, clock: &Clock) {
         if self.parked.load(Ordering::SeqCst) > 0 {
-            self.dispatch(&mut lock(&self.queue), slots, now);
+            self.dispatch(&mut lock(&self.queue), slots, clock.now());
         }
     }
 

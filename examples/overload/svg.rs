@@ -19,10 +19,10 @@ pub(crate) struct Chart<'a> {
 const COLORS: [&str; 8] = [
     "#444444", "#d62728", "#ff7f0e", "#9467bd", "#1f77b4", "#2ca02c", "#8c564b", "#17becf",
 ];
-const W: f64 = 760.0;
+const W: f64 = 820.0;
 const H: f64 = 420.0;
 const LEFT: f64 = 70.0;
-const RIGHT: f64 = 250.0;
+const RIGHT: f64 = 290.0;
 const TOP: f64 = 40.0;
 const BOTTOM: f64 = 50.0;
 
@@ -150,9 +150,7 @@ impl Chart<'_> {
 }
 
 fn tick(value: f64) -> String {
-    if value != 0.0 && value.abs() < 1.0 {
-        format!("{value}")
-    } else {
-        format!("{value:.0}")
-    }
+    let text = format!("{value:.2}");
+    // "0.50" -> "0.5", "2.00" -> "2" (and "100.00" -> "100", not "1").
+    text.trim_end_matches('0').trim_end_matches('.').to_owned()
 }

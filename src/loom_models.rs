@@ -1,0 +1,161 @@
+//! Loom models of the slot table and the waiter queue: every interleaving of
+//! two or three threads, with an injected clock so that expiry is part of the
+//! model. Run with:
+//!
+//! ```text
+//! RUSTFLAGS="--cfg tower_inflight_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --lib loom
+//! ```
+
+use crate::clock::{Clock, ManualClock};
+use crate::slots::SlotTable;
+use crate::sync::{Arc, AtomicUsize, Ordering};
+use crate::waiters::{Arrival, Waiters};
+use loom::thread;
+
+const HOLD: u64 = 10;
+
+/// Claims a slot, counts itself in while it holds it, and checks that no
+/// more than `limit` ever hold one at once.
+fn hold_once(table: &SlotTable, holders: &AtomicUsize, limit: usize) -> bool {
+    let Some(claim) = table.try_claim(1, Ordering::Relaxed) else {
+        return false;
+    };
+    let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
+    assert!(now <= limit, "{now} holders of {limit} slots");
+    holders.fetch_sub(1, Ordering::SeqCst);
+    assert!(
+        table.release(&claim),
+        "a release found its slot taken by another"
+    );
+    true
+}
+
+#[test]
+fn loom_two_claimers_never_share_one_slot() {
+    loom::model(|| {
+        let table = Arc::new(SlotTable::new(1, HOLD, None));
+        let holders = Arc::new(AtomicUsize::new(0));
+        let other = {
+            let (table, holders) = (table.clone(), holders.clone());
+            thread::spawn(move || hold_once(&table, &holders, 1))
+        };
+        hold_once(&table, &holders, 1);
+        other.join().unwrap();
+        assert_eq!(table.held(1), 0, "every slot is free at the end");
+    });
+}
+
+#[test]
+fn loom_three_claimers_on_two_slots() {
+    loom::model(|| {
+        let table = Arc::new(SlotTable::new(2, HOLD, None));
+        let holders = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let (table, holders) = (table.clone(), holders.clone());
+                thread::spawn(move || hold_once(&table, &holders, 2))
+            })
+            .collect();
+        // Two slots, three claimers at most two of which hold at once: the
+        // third may fail only while both others hold.
+        hold_once(&table, &holders, 2);
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        assert_eq!(table.held(1), 0);
+    });
+}
+
+#[test]
+fn loom_late_release_never_frees_the_reclaimer_slot() {
+    loom::model(|| {
+        let table = Arc::new(SlotTable::new(1, HOLD, Some(1000)));
+        let old = table.try_claim(1, Ordering::Relaxed).unwrap();
+        table.reserve_bytes(&old, 600).unwrap();
+        // The old holder is late: its deadline (1 + HOLD) has passed.
+        let expired = 1 + HOLD;
+        let reclaimer = {
+            let table = table.clone();
+            thread::spawn(move || {
+                let claim = table.try_claim(expired, Ordering::Relaxed);
+                if let Some(claim) = &claim {
+                    assert!(claim.reclaimed);
+                    table.reserve_bytes(claim, 300).unwrap();
+                }
+                claim
+            })
+        };
+        // The late holder gives back its bytes (if still recorded), then its slot.
+        let late_bytes = table.unrecord_bytes(&old, 600);
+        let late_slot = table.release(&old);
+        let claim = reclaimer.join().unwrap();
+        match claim {
+            Some(claim) => {
+                assert!(!late_slot, "the late release freed the reclaimer's slot");
+                assert_eq!(table.held(expired), 1, "the reclaimer still holds its slot");
+                // The 600 bytes came back exactly once: by the reclaimer, or by
+                // the late holder before the reclaim.
+                let reserved = table.bytes_reserved();
+                let expected = if late_bytes { 300 + 600 } else { 300 };
+                assert_eq!(reserved, expected);
+                assert!(table.release(&claim));
+            }
+            None => assert!(
+                late_slot,
+                "nobody else took the slot, so its release must work"
+            ),
+        }
+    });
+}
+
+#[test]
+fn loom_reset_in_the_same_tick_keeps_the_new_holder() {
+    loom::model(|| {
+        let table = Arc::new(SlotTable::new(1, HOLD, None));
+        let old = table.try_claim(1, Ordering::Relaxed).unwrap();
+        let resetter = {
+            let table = table.clone();
+            thread::spawn(move || {
+                table.reset();
+                table.try_claim(1, Ordering::Relaxed)
+            })
+        };
+        let late = table.release(&old);
+        if let Some(new) = resetter.join().unwrap() {
+            assert_eq!(
+                table.held(1),
+                1,
+                "the old permit freed the new holder's slot"
+            );
+            assert!(table.release(&new));
+            let _ = late;
+        }
+        assert_eq!(table.held(1), 0);
+    });
+}
+
+#[test]
+fn loom_a_waiter_never_parks_beside_a_freed_slot() {
+    loom::model(|| {
+        let table = Arc::new(SlotTable::new(1, HOLD, None));
+        let waiters = Arc::new(Waiters::default());
+        let held = table.try_claim(1, Ordering::Relaxed).unwrap();
+        let releaser = {
+            let (table, waiters) = (table.clone(), waiters.clone());
+            thread::spawn(move || {
+                table.release(&held);
+                waiters.after_release(&table, &Clock::Manual(ManualClock::new()));
+            })
+        };
+        let arrival = waiters.arrive(&table, 1, None);
+        releaser.join().unwrap();
+        let got_slot = match &arrival {
+            Arrival::Admitted(_) => true,
+            Arrival::Parked(node) => node.is_granted(),
+            Arrival::QueueFull => false,
+        };
+        assert!(got_slot, "the waiter parked although the slot came free");
+        assert_eq!(waiters.parked(), 0);
+        assert_eq!(table.held(1), 1);
+    });
+}
