@@ -131,7 +131,7 @@ impl fmt::Display for ServiceSaturated {
 
 impl std::error::Error for ServiceSaturated {}
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(tower_inflight_loom)))]
 mod tests {
     use super::*;
 

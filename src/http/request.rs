@@ -31,7 +31,7 @@ pub(crate) fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, Invali
     Ok(length)
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(tower_inflight_loom)))]
 mod tests {
     use super::*;
     use http::HeaderValue;
