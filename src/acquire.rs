@@ -38,6 +38,21 @@ pin_project! {
 struct Place {
     shared: Arc<Shared>,
     node: Arc<Node>,
+    since: tokio::time::Instant,
+    /// Whether the end of this wait has been recorded.
+    recorded: bool,
+}
+
+impl Place {
+    /// Records the end of the wait (once).
+    fn record(&mut self, admitted: bool) {
+        if !std::mem::replace(&mut self.recorded, true) {
+            let waiting = self.shared.waiters().parked();
+            self.shared
+                .observer()
+                .waited(self.since.elapsed(), admitted, waiting);
+        }
+    }
 }
 
 impl Acquire {
@@ -81,9 +96,14 @@ impl Future for Acquire {
                             return Poll::Ready(Err(shared.saturated(ShedReason::TooManyWaiting)));
                         }
                         Arrival::Parked(node) => {
+                            shared
+                                .observer()
+                                .parked(shared.waiters().parked(), shared.config().limit);
                             let place = Place {
                                 shared: this.shared.clone(),
                                 node,
+                                since: tokio::time::Instant::now(),
+                                recorded: false,
                             };
                             let budget = tokio::time::sleep(wait);
                             this.state.set(State::Parked { place, budget });
@@ -93,6 +113,7 @@ impl Future for Acquire {
                 StateProj::Parked { place, budget } => {
                     let shared = &place.shared;
                     if let Poll::Ready(claim) = shared.waiters().poll_granted(&place.node, cx) {
+                        place.record(true);
                         this.state.set(State::Done);
                         return Poll::Ready(Ok(Permit::new(this.shared.clone(), claim)));
                     }
@@ -101,6 +122,8 @@ impl Future for Acquire {
                         shared
                             .waiters()
                             .leave(&place.node, shared.slots(), shared.now(), true);
+                    place.record(granted.is_some());
+                    let shared = &place.shared;
                     let outcome = match granted {
                         Some(claim) => Ok(Permit::new(this.shared.clone(), claim)),
                         None => Err(shared.saturated(ShedReason::WaitExpired)),
@@ -116,6 +139,8 @@ impl Future for Acquire {
 
 impl Drop for Place {
     fn drop(&mut self) {
+        // Dropped while waiting: the caller gave up.
+        self.record(false);
         let shared = &self.shared;
         let granted = shared
             .waiters()

@@ -4,8 +4,10 @@ use crate::acquire::Acquire;
 use crate::clock::Clock;
 use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
+use crate::observe::Observer;
 use crate::permit::Permit;
 use crate::slots::{Claim, SlotTable};
+use crate::status::{Rollups, Status, Totals};
 use crate::sync::{Arc, Ordering};
 use crate::waiters::Waiters;
 use std::fmt;
@@ -47,6 +49,7 @@ pub(crate) struct Shared {
     slots: SlotTable,
     clock: Clock,
     waiters: Waiters,
+    observer: Observer,
     config: Config,
 }
 
@@ -69,6 +72,13 @@ impl Bulkhead {
             Some(manual) => Clock::Manual(manual.clone()),
             None => Clock::coarse(),
         };
+        let rollups = Rollups::new(clock.ticks_per_minute(), clock.now() - 1);
+        let observer = Observer::new(
+            config.name.as_deref(),
+            config.limit,
+            config.on_event.clone(),
+            rollups,
+        );
         let shared = Shared {
             slots: SlotTable::new(
                 config.limit,
@@ -77,6 +87,7 @@ impl Bulkhead {
             ),
             clock,
             waiters: Waiters::default(),
+            observer,
             config,
         };
         Ok(Self {
@@ -213,6 +224,51 @@ impl Bulkhead {
         self.shared.waiters.parked()
     }
 
+    /// A snapshot: the state now, lifetime totals, and what happened over
+    /// the last minute, 5 and 15 minutes, hour and day.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_inflight::{Bulkhead, Config};
+    ///
+    /// let bulkhead = Bulkhead::new(Config::new(2, Duration::from_secs(30)).name("db"));
+    /// let _held = (bulkhead.try_acquire().unwrap(), bulkhead.try_acquire().unwrap());
+    /// let _ = bulkhead.try_acquire(); // shed
+    ///
+    /// let status = bulkhead.status();
+    /// assert_eq!((status.in_flight, status.available), (2, 0));
+    /// assert_eq!(status.totals.admitted, 2);
+    /// assert_eq!(status.totals.rejected_limit, 1);
+    /// assert_eq!(status.last_minute.rejected, 1);
+    /// assert_eq!(status.last_minute.peak_in_flight, 2);
+    /// ```
+    pub fn status(&self) -> Status {
+        let shared = &*self.shared;
+        let now = shared.clock.now();
+        let in_flight = shared.slots.held(now);
+        let totals = shared.totals();
+        let rollups = &shared.observer.rollups;
+        rollups.see_in_flight(in_flight);
+        rollups.turn(now - 1, totals, in_flight);
+        let windows = rollups.windows(now - 1, totals, |ticks| shared.clock.duration(ticks));
+        let [last_minute, last_5_minutes, last_15_minutes, last_hour, last_day] = windows;
+        Status {
+            name: self.name().map(str::to_owned),
+            limit: self.limit(),
+            in_flight,
+            available: self.limit() - in_flight,
+            waiting: self.waiting(),
+            bytes_reserved: self.bytes_reserved(),
+            max_bytes: self.max_bytes(),
+            totals,
+            last_minute,
+            last_5_minutes,
+            last_15_minutes,
+            last_hour,
+            last_day,
+        }
+    }
+
     /// The bulkhead's name, if its configuration gave it one.
     pub fn name(&self) -> Option<&str> {
         self.shared.config.name.as_deref()
@@ -234,6 +290,7 @@ impl Bulkhead {
     /// lost to killed callers when `reclaim_after` is long.
     pub fn reset(&self) {
         self.shared.slots.reset();
+        self.shared.observer.reset();
         self.shared
             .waiters
             .after_release(&self.shared.slots, &self.shared.clock);
@@ -261,11 +318,70 @@ impl Shared {
         self.waiters.claim_behind_parked(&self.slots, now)
     }
 
+    /// Called for every permit made, in `Permit::new`.
     #[inline]
-    pub(crate) fn release(&self, claim: &Claim) {
-        self.slots.release(claim);
+    pub(crate) fn admitted(&self, claim: &Claim) {
+        if claim.reclaimed || claim.sample {
+            self.admitted_rarely(claim);
+        }
+        let at = self.slots.claimed_at(claim);
+        if self.observer.rollups.minute_turned(at.saturating_sub(1)) {
+            self.turn_minute(at, 1);
+        }
+        self.observer.admitted(claim.reclaimed);
+    }
+
+    /// Records the totals as they were when the minute of `now` began, that
+    /// is, less the `new_admissions` that noticed the minute had turned.
+    #[cold]
+    fn turn_minute(&self, now: u64, new_admissions: u64) {
+        let mut totals = self.totals();
+        totals.admitted -= new_admissions.min(totals.admitted);
+        self.observer
+            .rollups
+            .turn(now.saturating_sub(1), totals, self.slots.held(now));
+    }
+
+    #[cold]
+    fn admitted_rarely(&self, claim: &Claim) {
+        if claim.reclaimed {
+            self.observer.reclaimed();
+            self.observer.bytes(|| self.slots.bytes_reserved());
+        }
+        if claim.sample {
+            let at = self.slots.claimed_at(claim);
+            self.observer.rollups.see_in_flight(self.slots.held(at));
+        }
+    }
+
+    /// The holder of `claim` gives it back (in `Permit::drop`).
+    #[inline]
+    pub(crate) fn release_permit(&self, claim: &Claim) {
+        if self.slots.release(claim) {
+            self.observer.released(|| {
+                let held = self
+                    .clock
+                    .now()
+                    .saturating_sub(self.slots.claimed_at(claim));
+                self.clock.duration(held)
+            });
+        }
         // The clock is read only if somebody is parked.
         self.waiters.after_release(&self.slots, &self.clock);
+    }
+
+    /// Gives back a claim that never became a permit.
+    pub(crate) fn release(&self, claim: &Claim) {
+        self.slots.release(claim);
+        self.waiters.after_release(&self.slots, &self.clock);
+    }
+
+    fn totals(&self) -> Totals {
+        self.observer.totals(self.slots.claims())
+    }
+
+    pub(crate) fn observer(&self) -> &Observer {
+        &self.observer
     }
 
     /// Adds `bytes` to `permit`, or drops it (handing its slot on) if the
@@ -279,7 +395,10 @@ impl Shared {
             return Ok(permit);
         }
         match self.slots.reserve_bytes(permit.claim(), bytes) {
-            Some(epoch) => Ok(permit.with_bytes(bytes, epoch)),
+            Some(epoch) => {
+                self.observer.bytes(|| self.slots.bytes_reserved());
+                Ok(permit.with_bytes(bytes, epoch))
+            }
             None => {
                 drop(permit);
                 Err(self.saturated(ShedReason::Bytes))
@@ -292,7 +411,13 @@ impl Shared {
         self.waiters.parked() == 0 && self.slots.any_free(self.clock.now())
     }
 
+    /// The error for a call shed now (and the record of it).
     pub(crate) fn saturated(&self, reason: ShedReason) -> ServiceSaturated {
+        let now = self.clock.now();
+        if self.observer.rollups.minute_turned(now - 1) {
+            self.turn_minute(now, 0);
+        }
+        self.observer.rejected(reason, self.config.limit);
         ServiceSaturated::new(
             self.config.name.clone(),
             self.config.limit,

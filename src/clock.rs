@@ -62,6 +62,25 @@ impl Clock {
     }
 }
 
+impl Clock {
+    fn ticks_per_sec(&self) -> u64 {
+        match self {
+            Clock::Coarse { .. } => COARSE_TICKS_PER_SEC,
+            Clock::Manual(_) => 1_000_000,
+        }
+    }
+
+    pub(crate) fn ticks_per_minute(&self) -> u64 {
+        self.ticks_per_sec() * 60
+    }
+
+    pub(crate) fn duration(&self, ticks: u64) -> Duration {
+        let per_sec = self.ticks_per_sec();
+        Duration::from_secs(ticks / per_sec)
+            + Duration::from_nanos((ticks % per_sec) * 1_000_000_000 / per_sec)
+    }
+}
+
 fn ceil_ticks(duration: Duration, per_sec: u64) -> u64 {
     let ticks = (duration.as_nanos() * u128::from(per_sec)).div_ceil(1_000_000_000);
     u64::try_from(ticks).unwrap_or(u64::MAX)

@@ -2,6 +2,7 @@
 
 use crate::bytes::MAX_BYTES;
 use crate::clock::ManualClock;
+use crate::event::{Event, Hook};
 use crate::slots::MAX_SLOTS;
 use std::{fmt, sync::Arc, time::Duration};
 
@@ -36,6 +37,7 @@ pub struct Config {
     pub(crate) retry_after: Duration,
     pub(crate) clock: Option<ManualClock>,
     pub(crate) max_bytes: Option<u64>,
+    pub(crate) on_event: Option<Hook>,
 }
 
 impl Config {
@@ -54,6 +56,7 @@ impl Config {
             retry_after: Duration::from_secs(1),
             clock: None,
             max_bytes: None,
+            on_event: None,
         }
     }
 
@@ -96,6 +99,15 @@ impl Config {
     /// few admitted requests can hold far more memory than the rest together.
     pub fn max_bytes(mut self, max_bytes: u64) -> Self {
         self.max_bytes = Some(max_bytes);
+        self
+    }
+
+    /// Calls `hook` for every [`Event`]: a call admitted or shed, a slot
+    /// reclaimed, a wait ended. The hook runs on the caller's thread, inside
+    /// the bulkhead's bookkeeping, so it must be quick and must not block;
+    /// without one, nothing is paid for it.
+    pub fn on_event(mut self, hook: impl Fn(&Event) + Send + Sync + 'static) -> Self {
+        self.on_event = Some(Hook(Arc::new(hook)));
         self
     }
 

@@ -55,6 +55,27 @@ pub enum ShedReason {
 }
 
 impl ShedReason {
+    /// How many reasons there are, for tables indexed by reason.
+    pub(crate) const COUNT: usize = 4;
+
+    /// Every reason, in the order of [`index`](Self::index).
+    #[cfg(feature = "metrics")]
+    pub(crate) const ALL: [ShedReason; Self::COUNT] = [
+        ShedReason::LimitReached,
+        ShedReason::WaitExpired,
+        ShedReason::TooManyWaiting,
+        ShedReason::Bytes,
+    ];
+
+    pub(crate) fn index(self) -> usize {
+        match self {
+            ShedReason::LimitReached => 0,
+            ShedReason::WaitExpired => 1,
+            ShedReason::TooManyWaiting => 2,
+            ShedReason::Bytes => 3,
+        }
+    }
+
     /// A short, stable, lower-case label, fit for logs and metric labels.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -81,6 +81,7 @@ mod bytes;
 mod clock;
 mod config;
 mod error;
+mod event;
 mod future;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
@@ -88,10 +89,14 @@ pub mod http;
 mod layer;
 #[cfg(all(test, tower_inflight_loom))]
 mod loom_models;
+#[cfg(feature = "metrics")]
+mod metrics;
+mod observe;
 mod permit;
 mod readiness;
 mod service;
 mod slots;
+mod status;
 mod sync;
 mod waiters;
 
@@ -100,10 +105,12 @@ pub use bulkhead::Bulkhead;
 pub use clock::ManualClock;
 pub use config::{Config, ConfigError};
 pub use error::{ServiceSaturated, ShedReason};
+pub use event::Event;
 pub use future::ResponseFuture;
 pub use layer::ConcurrencyLayer;
 pub use permit::{ByteReservation, Permit};
 pub use service::Concurrency;
+pub use status::{Status, Totals, Window};
 
 /// The error type of [`Concurrency`]: the inner service's error, or
 /// [`ServiceSaturated`], boxed.

@@ -39,6 +39,7 @@ pub struct ByteReservation {
 
 impl Permit {
     pub(crate) fn new(shared: Arc<Shared>, claim: Claim) -> Self {
+        shared.admitted(&claim);
         Self {
             shared,
             claim,
@@ -122,7 +123,7 @@ impl Drop for Permit {
             let bytes = self.take_bytes();
             give_back(&self.shared, bytes, self.epoch);
         }
-        self.shared.release(&self.claim);
+        self.shared.release_permit(&self.claim);
     }
 }
 
@@ -135,6 +136,7 @@ impl Drop for ByteReservation {
 fn give_back(shared: &Shared, bytes: u64, epoch: Option<Epoch>) {
     if let (true, Some(epoch)) = (bytes != 0, epoch) {
         shared.slots().give_back_bytes(bytes, epoch);
+        shared.observer().bytes(|| shared.slots().bytes_reserved());
     }
 }
 

@@ -46,6 +46,9 @@ struct Slot {
     word: AtomicU64,
     /// Bytes the holder reserved (high 42 bits) and its generation (low 22).
     bytes: AtomicU64,
+    /// Claims of this slot, ever. Only the claimer writes it, right after
+    /// its compare-and-exchange, on a cache line it has just made its own.
+    claims: AtomicU64,
 }
 
 /// A slot held by a claim: its index and the exact word the claim wrote.
@@ -55,6 +58,8 @@ pub(crate) struct Claim {
     pub(crate) word: u64,
     /// The slot was taken from a holder whose deadline passed without a release.
     pub(crate) reclaimed: bool,
+    /// This claim is one of those chosen to sample how many slots are held.
+    pub(crate) sample: bool,
 }
 
 #[derive(Debug)]
@@ -63,6 +68,11 @@ pub(crate) struct SlotTable {
     /// `reclaim_after`, in ticks.
     hold: u64,
     budget: Option<ByteBudget>,
+    /// A claim samples the table when its slot's claim count, masked with
+    /// this, is 1: at each slot's first claim, then often enough to see
+    /// peaks, and rarely enough that the scan costs under a slot's read per
+    /// claim.
+    sample_mask: u64,
 }
 
 fn deadline(word: u64) -> u64 {
@@ -83,12 +93,14 @@ impl SlotTable {
             .map(|_| Slot {
                 word: AtomicU64::new(0),
                 bytes: AtomicU64::new(0),
+                claims: AtomicU64::new(0),
             })
             .collect();
         Self {
             slots,
             hold,
             budget: max_bytes.map(ByteBudget::new),
+            sample_mask: (limit.max(64) as u64).next_power_of_two() - 1,
         }
     }
 
@@ -103,19 +115,25 @@ impl SlotTable {
         let len = self.slots.len();
         let mut index = start_index(len);
         for _ in 0..len {
-            let slot = &self.slots[index].word;
-            let word = slot.load(order);
+            let slot = &self.slots[index];
+            let word = slot.word.load(order);
             let until = deadline(word);
             if until <= now {
                 let new = held_until | next_generation(word);
                 if slot
+                    .word
                     .compare_exchange(word, new, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
                 {
+                    // Not `fetch_add`: the slot is ours, so a plain store
+                    // does, without a locked instruction.
+                    let claims = slot.claims.load(Ordering::Relaxed).wrapping_add(1);
+                    slot.claims.store(claims, Ordering::Relaxed);
                     let claim = Claim {
                         index,
                         word: new,
                         reclaimed: until != 0,
+                        sample: claims & self.sample_mask == 1,
                     };
                     if claim.reclaimed {
                         self.recover_abandoned_bytes(&claim);
@@ -208,6 +226,19 @@ impl SlotTable {
         if abandoned != 0 && generation(record) != generation(claim.word) {
             budget.give_back_abandoned(abandoned);
         }
+    }
+
+    /// Claims of every slot, ever.
+    pub(crate) fn claims(&self) -> u64 {
+        self.slots
+            .iter()
+            .map(|slot| slot.claims.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// The tick at which `claim` was made.
+    pub(crate) fn claimed_at(&self, claim: &Claim) -> u64 {
+        deadline(claim.word).saturating_sub(self.hold)
     }
 
     /// How many slots are held at `now`.

@@ -1,0 +1,51 @@
+//! The bulkhead's metrics, through the `metrics` facade.
+//!
+//! Handles are registered once, when the bulkhead is built, so a call costs
+//! no key lookup and no allocation: install your recorder before building
+//! the bulkhead. Every metric carries the label `service` (the bulkhead's
+//! name, or `"bulkhead"`).
+
+use crate::error::ShedReason;
+use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
+
+pub(crate) const ADMITTED: &str = "tower_inflight_admitted_total";
+pub(crate) const REJECTED: &str = "tower_inflight_rejected_total";
+pub(crate) const RECLAIMED: &str = "tower_inflight_reclaimed_total";
+pub(crate) const IN_FLIGHT: &str = "tower_inflight_in_flight";
+pub(crate) const WAITING: &str = "tower_inflight_waiting";
+pub(crate) const LIMIT: &str = "tower_inflight_limit";
+pub(crate) const BYTES_RESERVED: &str = "tower_inflight_bytes_reserved";
+pub(crate) const WAIT_SECONDS: &str = "tower_inflight_wait_seconds";
+pub(crate) const HOLD_SECONDS: &str = "tower_inflight_hold_seconds";
+
+#[derive(Debug)]
+pub(crate) struct Metrics {
+    pub(crate) admitted: Counter,
+    pub(crate) rejected: [Counter; ShedReason::COUNT],
+    pub(crate) reclaimed: Counter,
+    pub(crate) in_flight: Gauge,
+    pub(crate) waiting: Gauge,
+    pub(crate) bytes_reserved: Gauge,
+    pub(crate) wait_seconds: Histogram,
+    pub(crate) hold_seconds: Histogram,
+}
+
+impl Metrics {
+    pub(crate) fn register(service: &str, limit: usize) -> Self {
+        let service = service.to_owned();
+        let rejected = ShedReason::ALL.map(
+            |reason| counter!(REJECTED, "service" => service.clone(), "reason" => reason.as_str()),
+        );
+        gauge!(LIMIT, "service" => service.clone()).set(limit as f64);
+        Self {
+            admitted: counter!(ADMITTED, "service" => service.clone()),
+            rejected,
+            reclaimed: counter!(RECLAIMED, "service" => service.clone()),
+            in_flight: gauge!(IN_FLIGHT, "service" => service.clone()),
+            waiting: gauge!(WAITING, "service" => service.clone()),
+            bytes_reserved: gauge!(BYTES_RESERVED, "service" => service.clone()),
+            wait_seconds: histogram!(WAIT_SECONDS, "service" => service.clone()),
+            hold_seconds: histogram!(HOLD_SECONDS, "service" => service),
+        }
+    }
+}

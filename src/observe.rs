@@ -1,0 +1,158 @@
+//! What a bulkhead tells about itself: lifetime counters, the per-minute
+//! rollups, the event hook, and (with their features) metrics and tracing.
+//! Every event passes through here, so each is described once.
+
+use crate::error::ShedReason;
+use crate::event::{Event, Hook};
+use crate::status::{Rollups, Totals};
+use crate::sync::{AtomicU64, Ordering};
+use std::time::Duration;
+
+#[derive(Debug)]
+pub(crate) struct Observer {
+    hook: Option<Hook>,
+    rejected: [AtomicU64; ShedReason::COUNT],
+    reclaimed: AtomicU64,
+    waits: AtomicU64,
+    wait_nanos: AtomicU64,
+    pub(crate) rollups: Rollups,
+    #[cfg(feature = "metrics")]
+    metrics: crate::metrics::Metrics,
+    #[cfg(feature = "tracing")]
+    service: std::sync::Arc<str>,
+}
+
+impl Observer {
+    pub(crate) fn new(
+        name: Option<&str>,
+        limit: usize,
+        hook: Option<Hook>,
+        rollups: Rollups,
+    ) -> Self {
+        let _service = name.unwrap_or("bulkhead");
+        let _ = limit;
+        Self {
+            hook,
+            rejected: Default::default(),
+            reclaimed: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+            wait_nanos: AtomicU64::new(0),
+            rollups,
+            #[cfg(feature = "metrics")]
+            metrics: crate::metrics::Metrics::register(_service, limit),
+            #[cfg(feature = "tracing")]
+            service: _service.into(),
+        }
+    }
+
+    fn emit(&self, event: Event) {
+        if let Some(hook) = &self.hook {
+            (hook.0)(&event);
+        }
+    }
+
+    /// A slot was granted. `took_over`: it was reclaimed, so it was counted
+    /// as held already.
+    #[inline]
+    pub(crate) fn admitted(&self, took_over: bool) {
+        self.emit(Event::Admitted);
+        #[cfg(feature = "metrics")]
+        {
+            self.metrics.admitted.increment(1);
+            if !took_over {
+                self.metrics.in_flight.increment(1.0);
+            }
+        }
+        let _ = took_over;
+    }
+
+    /// A slot was released by its holder after `held`, if known.
+    #[inline]
+    pub(crate) fn released(&self, held: impl FnOnce() -> Duration) {
+        #[cfg(feature = "metrics")]
+        {
+            self.metrics.in_flight.decrement(1.0);
+            self.metrics.hold_seconds.record(held().as_secs_f64());
+        }
+        let _ = held;
+    }
+
+    #[cold]
+    pub(crate) fn reclaimed(&self) {
+        self.reclaimed.fetch_add(1, Ordering::Relaxed);
+        self.emit(Event::Reclaimed);
+        #[cfg(feature = "metrics")]
+        self.metrics.reclaimed.increment(1);
+        #[cfg(feature = "tracing")]
+        tracing::warn!(
+            service = %self.service,
+            "bulkhead reclaimed a slot held past reclaim_after without a release: \
+             a leaked permit, or reclaim_after shorter than a call can take"
+        );
+    }
+
+    pub(crate) fn rejected(&self, reason: ShedReason, limit: usize) {
+        self.rejected[reason.index()].fetch_add(1, Ordering::Relaxed);
+        if reason != ShedReason::Bytes {
+            // Shed for want of a slot: every slot was held.
+            self.rollups.see_in_flight(limit);
+        }
+        self.emit(Event::Rejected { reason });
+        #[cfg(feature = "metrics")]
+        self.metrics.rejected[reason.index()].increment(1);
+        #[cfg(feature = "tracing")]
+        tracing::debug!(service = %self.service, limit, reason = reason.as_str(), "bulkhead shed a call");
+    }
+
+    pub(crate) fn waited(&self, waited: Duration, admitted: bool, waiting_now: usize) {
+        self.waits.fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+        self.wait_nanos.fetch_add(nanos, Ordering::Relaxed);
+        self.emit(Event::Waited { waited, admitted });
+        #[cfg(feature = "metrics")]
+        {
+            self.metrics.wait_seconds.record(waited.as_secs_f64());
+            self.metrics.waiting.set(waiting_now as f64);
+        }
+        let _ = waiting_now;
+    }
+
+    /// Someone was parked (so every slot was held): the number waiting changed.
+    pub(crate) fn parked(&self, waiting_now: usize, limit: usize) {
+        self.rollups.see_in_flight(limit);
+        #[cfg(feature = "metrics")]
+        self.metrics.waiting.set(waiting_now as f64);
+        let _ = waiting_now;
+    }
+
+    /// The bytes reserved changed.
+    #[inline]
+    pub(crate) fn bytes(&self, reserved: impl FnOnce() -> u64) {
+        #[cfg(feature = "metrics")]
+        self.metrics.bytes_reserved.set(reserved() as f64);
+        let _ = reserved;
+    }
+
+    /// Every slot and byte was forgotten.
+    pub(crate) fn reset(&self) {
+        #[cfg(feature = "metrics")]
+        {
+            self.metrics.in_flight.set(0.0);
+            self.metrics.bytes_reserved.set(0.0);
+        }
+    }
+
+    pub(crate) fn totals(&self, admitted: u64) -> Totals {
+        let rejected = |reason: ShedReason| self.rejected[reason.index()].load(Ordering::Relaxed);
+        Totals {
+            admitted,
+            rejected_limit: rejected(ShedReason::LimitReached),
+            rejected_wait_expired: rejected(ShedReason::WaitExpired),
+            rejected_too_many_waiting: rejected(ShedReason::TooManyWaiting),
+            rejected_bytes: rejected(ShedReason::Bytes),
+            reclaimed: self.reclaimed.load(Ordering::Relaxed),
+            waits: self.waits.load(Ordering::Relaxed),
+            wait_time: Duration::from_nanos(self.wait_nanos.load(Ordering::Relaxed)),
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! A snapshot of a bulkhead: its state now, its lifetime totals, and rollups
+//! over the last minute, 5 and 15 minutes, hour and day.
+//!
+//! The rollups cost the fast path one relaxed load: once a minute, the first
+//! call to notice that the minute has turned stores the lifetime totals in a
+//! ring of one entry a minute (a day's worth), and a window is the difference
+//! between the totals now and the entry at its start.
+
+use crate::sync::{lock, AtomicU64, AtomicUsize, Mutex, Ordering};
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// A snapshot of a [`Bulkhead`](crate::Bulkhead), from
+/// [`Bulkhead::status`](crate::Bulkhead::status). Taking one costs a read of
+/// every slot and of the day's history of minutes, whatever the number of
+/// callers waiting.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct Status {
+    /// The bulkhead's name, if it has one.
+    pub name: Option<String>,
+    /// How many calls may be in flight at once.
+    pub limit: usize,
+    /// Slots held now.
+    pub in_flight: usize,
+    /// Slots free now.
+    pub available: usize,
+    /// Callers parked for a slot now.
+    pub waiting: usize,
+    /// Bytes of the byte budget reserved now.
+    pub bytes_reserved: u64,
+    /// The byte budget, if there is one.
+    pub max_bytes: Option<u64>,
+    /// Counts since the bulkhead was built.
+    pub totals: Totals,
+    /// The last minute.
+    pub last_minute: Window,
+    /// The last 5 minutes.
+    pub last_5_minutes: Window,
+    /// The last 15 minutes.
+    pub last_15_minutes: Window,
+    /// The last hour.
+    pub last_hour: Window,
+    /// The last 24 hours.
+    pub last_day: Window,
+}
+
+/// Lifetime counts of a bulkhead.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct Totals {
+    /// Slots granted.
+    pub admitted: u64,
+    /// Calls shed because every slot was held and nobody could wait.
+    pub rejected_limit: u64,
+    /// Calls shed after waiting their whole `wait` budget.
+    pub rejected_wait_expired: u64,
+    /// Calls shed because `max_waiting` callers were already waiting.
+    pub rejected_too_many_waiting: u64,
+    /// Calls shed because their bytes did not fit the byte budget.
+    pub rejected_bytes: u64,
+    /// Slots taken over after their holder kept them past `reclaim_after`.
+    pub reclaimed: u64,
+    /// Callers that waited for a slot (admitted or not).
+    pub waits: u64,
+    /// Time those callers spent waiting, in all.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "seconds"))]
+    pub wait_time: Duration,
+}
+
+impl Totals {
+    /// Calls shed, for every reason.
+    pub fn rejected(&self) -> u64 {
+        self.rejected_limit
+            + self.rejected_wait_expired
+            + self.rejected_too_many_waiting
+            + self.rejected_bytes
+    }
+
+    fn since(&self, earlier: &Totals) -> Totals {
+        Totals {
+            admitted: self.admitted - earlier.admitted,
+            rejected_limit: self.rejected_limit - earlier.rejected_limit,
+            rejected_wait_expired: self.rejected_wait_expired - earlier.rejected_wait_expired,
+            rejected_too_many_waiting: self.rejected_too_many_waiting
+                - earlier.rejected_too_many_waiting,
+            rejected_bytes: self.rejected_bytes - earlier.rejected_bytes,
+            reclaimed: self.reclaimed - earlier.reclaimed,
+            waits: self.waits - earlier.waits,
+            wait_time: self.wait_time.saturating_sub(earlier.wait_time),
+        }
+    }
+}
+
+/// What happened in a recent window of time.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct Window {
+    /// The time the window really covers: its nominal length, or less while
+    /// the bulkhead is younger than that. Windows start on whole minutes of
+    /// the bulkhead's clock, so this runs up to a minute over the nominal
+    /// length.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "seconds"))]
+    pub span: Duration,
+    /// Slots granted.
+    pub admitted: u64,
+    /// Slots granted per second over the span.
+    pub throughput: f64,
+    /// Calls shed, for every reason.
+    pub rejected: u64,
+    /// Slots reclaimed.
+    pub reclaimed: u64,
+    /// The mean wait of the callers that waited, if any did.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "optional_seconds"))]
+    pub mean_wait: Option<Duration>,
+    /// The most slots seen held at once. Sampled (whenever a call is shed or
+    /// parked for want of a slot, when a minute turns, at `status()`, and at
+    /// a slot's first admission and one in 64 after that), so it can miss a
+    /// short peak below the limit.
+    pub peak_in_flight: usize,
+}
+
+#[cfg(feature = "serde")]
+fn seconds<S: serde::Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_f64(duration.as_secs_f64())
+}
+
+#[cfg(feature = "serde")]
+fn optional_seconds<S: serde::Serializer>(
+    duration: &Option<Duration>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match duration {
+        Some(duration) => serializer.serialize_some(&duration.as_secs_f64()),
+        None => serializer.serialize_none(),
+    }
+}
+
+/// The window lengths reported, in minutes.
+const WINDOWS: [u64; 5] = [1, 5, 15, 60, 24 * 60];
+
+/// One minute's entry: the totals when the minute began, and the peak seen
+/// in the minutes since the previous entry.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    minute: u64,
+    totals: Totals,
+    peak: usize,
+}
+
+/// Per-minute history of the totals.
+#[derive(Debug)]
+pub(crate) struct Rollups {
+    ticks_per_minute: u64,
+    /// The tick at which the current minute ends.
+    next_minute: AtomicU64,
+    /// The peak seen since the last entry.
+    peak: AtomicUsize,
+    history: Mutex<VecDeque<Entry>>,
+}
+
+impl Rollups {
+    pub(crate) fn new(ticks_per_minute: u64, now: u64) -> Self {
+        let minute = now / ticks_per_minute;
+        let first = Entry {
+            minute,
+            totals: Totals::default(),
+            peak: 0,
+        };
+        Self {
+            ticks_per_minute,
+            next_minute: AtomicU64::new((minute + 1) * ticks_per_minute),
+            peak: AtomicUsize::new(0),
+            history: Mutex::new(VecDeque::from([first])),
+        }
+    }
+
+    /// Whether `now` is past the current minute, so that an entry is due.
+    #[inline]
+    pub(crate) fn minute_turned(&self, now: u64) -> bool {
+        now >= self.next_minute.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn see_in_flight(&self, in_flight: usize) {
+        self.peak.fetch_max(in_flight, Ordering::Relaxed);
+    }
+
+    /// Records the totals for the minute `now` is in, if not done already.
+    pub(crate) fn turn(&self, now: u64, totals: Totals, in_flight: usize) {
+        let minute = now / self.ticks_per_minute;
+        let mut history = lock(&self.history);
+        if history.back().is_some_and(|last| last.minute >= minute) {
+            return;
+        }
+        let peak = self.peak.swap(in_flight, Ordering::Relaxed);
+        history.push_back(Entry {
+            minute,
+            totals,
+            peak,
+        });
+        while history.len() > WINDOWS[4] as usize + 2 {
+            history.pop_front();
+        }
+        self.next_minute
+            .store((minute + 1) * self.ticks_per_minute, Ordering::Relaxed);
+    }
+
+    /// The five windows, ending at `now` with `totals`. A window of `n`
+    /// minutes starts at the beginning of the minute `n` before the current
+    /// one, so it spans between `n` and `n + 1` minutes.
+    pub(crate) fn windows(
+        &self,
+        now: u64,
+        totals: Totals,
+        ticks_to_duration: impl Fn(u64) -> Duration,
+    ) -> [Window; 5] {
+        let minute = now / self.ticks_per_minute;
+        let history = lock(&self.history);
+        let current_peak = self.peak.load(Ordering::Relaxed);
+        let born = history.front().map_or(0, |entry| entry.minute);
+        WINDOWS.map(|length| {
+            let start = minute.saturating_sub(length).max(born);
+            // An entry is written at the first event of a minute, so the
+            // totals at `start` are those of the first entry at or after it:
+            // nothing happened in the minutes between.
+            let first = history.iter().position(|entry| entry.minute >= start);
+            let (base, later_peaks) = match first {
+                Some(index) => (
+                    history[index].totals,
+                    history.iter().skip(index + 1).map(|entry| entry.peak).max(),
+                ),
+                None => (totals, None),
+            };
+            let since = totals.since(&base);
+            let span = ticks_to_duration(now.saturating_sub(start * self.ticks_per_minute));
+            let secs = span.as_secs_f64();
+            Window {
+                span,
+                admitted: since.admitted,
+                throughput: if secs > 0.0 {
+                    since.admitted as f64 / secs
+                } else {
+                    0.0
+                },
+                rejected: since.rejected(),
+                reclaimed: since.reclaimed,
+                mean_wait: (since.waits > 0).then(|| since.wait_time / since.waits as u32),
+                peak_in_flight: later_peaks.unwrap_or(0).max(current_peak),
+            }
+        })
+    }
+}

@@ -1,0 +1,245 @@
+//! Each event moves exactly the metric it should, with the right labels,
+//! seen through `metrics-util`'s debugging recorder.
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::MetricKind;
+use std::collections::HashMap;
+use std::time::Duration;
+use tower_inflight::{Bulkhead, Config, ManualClock};
+
+/// Builds a bulkhead whose metrics go to a recorder of its own.
+fn recorded(config: Config) -> (Bulkhead, Snapshotter) {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let bulkhead = metrics::with_local_recorder(&recorder, || Bulkhead::new(config));
+    (bulkhead, snapshotter)
+}
+
+/// A metric's kind, name and sorted labels.
+type Key = (MetricKind, String, Vec<(String, String)>);
+type Values = HashMap<Key, f64>;
+
+/// One snapshot, keyed by (kind, name, labels). Counters and gauges read
+/// back as their values; histograms as their number of samples.
+fn snapshot(snapshotter: &Snapshotter) -> Values {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| {
+            let (kind, key) = key.into_parts();
+            let mut labels: Vec<(String, String)> = key
+                .labels()
+                .map(|label| (label.key().to_owned(), label.value().to_owned()))
+                .collect();
+            labels.sort();
+            let value = match value {
+                DebugValue::Counter(n) => n as f64,
+                DebugValue::Gauge(v) => v.into_inner(),
+                DebugValue::Histogram(samples) => samples.len() as f64,
+            };
+            ((kind, key.name().to_owned(), labels), value)
+        })
+        .collect()
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut labels: Vec<_> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    labels.sort();
+    labels
+}
+
+fn value(snapshot: &Values, kind: MetricKind, name: &str, pairs: &[(&str, &str)]) -> f64 {
+    *snapshot
+        .get(&(kind, name.to_owned(), labels(pairs)))
+        .unwrap_or_else(|| panic!("no {kind:?} {name} {pairs:?} in {snapshot:#?}"))
+}
+
+fn config(limit: usize) -> Config {
+    Config::new(limit, Duration::from_secs(30)).name("db")
+}
+
+const DB: &[(&str, &str)] = &[("service", "db")];
+
+#[test]
+fn admitted_calls_count_and_the_in_flight_gauge_follows_them() {
+    let (bulkhead, snapshotter) = recorded(config(4));
+    let first = bulkhead.try_acquire().unwrap();
+    let second = bulkhead.try_acquire().unwrap();
+    let third = bulkhead.try_acquire().unwrap();
+    drop(second);
+    let snapshot = snapshot(&snapshotter);
+    assert_eq!(
+        value(
+            &snapshot,
+            MetricKind::Counter,
+            "tower_inflight_admitted_total",
+            DB
+        ),
+        3.0
+    );
+    assert_eq!(
+        value(&snapshot, MetricKind::Gauge, "tower_inflight_in_flight", DB),
+        2.0
+    );
+    assert_eq!(
+        value(&snapshot, MetricKind::Gauge, "tower_inflight_limit", DB),
+        4.0
+    );
+    assert_eq!(
+        value(
+            &snapshot,
+            MetricKind::Histogram,
+            "tower_inflight_hold_seconds",
+            DB
+        ),
+        1.0
+    );
+    drop((first, third));
+}
+
+#[test]
+fn each_rejection_counts_under_its_reason_and_nothing_else() {
+    let (bulkhead, snapshotter) = recorded(config(1).max_bytes(100));
+    let held = bulkhead.try_acquire().unwrap();
+    assert!(bulkhead.try_acquire().is_err());
+    assert!(bulkhead.try_acquire().is_err());
+    drop(held);
+    assert!(bulkhead.try_acquire_bytes(101).is_err());
+    let snapshot = snapshot(&snapshotter);
+    let rejected = |reason: &str| {
+        value(
+            &snapshot,
+            MetricKind::Counter,
+            "tower_inflight_rejected_total",
+            &[("service", "db"), ("reason", reason)],
+        )
+    };
+    assert_eq!(rejected("limit"), 2.0);
+    assert_eq!(rejected("bytes"), 1.0);
+    assert_eq!(rejected("wait_expired"), 0.0);
+    assert_eq!(rejected("too_many_waiting"), 0.0);
+    assert_eq!(
+        value(
+            &snapshot,
+            MetricKind::Gauge,
+            "tower_inflight_bytes_reserved",
+            DB
+        ),
+        0.0
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn waits_are_timed_and_expired_and_crowded_waits_count_apart() {
+    let (bulkhead, snapshotter) =
+        recorded(config(1).wait(Duration::from_millis(50)).max_waiting(1));
+    let _held = bulkhead.try_acquire().unwrap();
+    let waiter = tokio::spawn({
+        let bulkhead = bulkhead.clone();
+        async move { bulkhead.acquire().await.map(drop) }
+    });
+    tokio::task::yield_now().await;
+    assert!(bulkhead.acquire().await.is_err()); // max_waiting: shed at once
+    assert!(waiter.await.unwrap().is_err()); // the budget runs out
+    let snapshot = snapshot(&snapshotter);
+    let rejected = |reason: &str| {
+        value(
+            &snapshot,
+            MetricKind::Counter,
+            "tower_inflight_rejected_total",
+            &[("service", "db"), ("reason", reason)],
+        )
+    };
+    assert_eq!(rejected("too_many_waiting"), 1.0);
+    assert_eq!(rejected("wait_expired"), 1.0);
+    assert_eq!(
+        value(
+            &snapshot,
+            MetricKind::Histogram,
+            "tower_inflight_wait_seconds",
+            DB
+        ),
+        1.0
+    );
+}
+
+#[test]
+fn a_reclaimed_slot_counts_once_and_keeps_the_in_flight_gauge_right() {
+    let clock = ManualClock::new();
+    let (bulkhead, snapshotter) = recorded(config(1).clock(clock.clone()));
+    std::mem::forget(bulkhead.try_acquire().unwrap());
+    clock.advance(Duration::from_secs(30));
+    let reclaimer = bulkhead.try_acquire().unwrap();
+    assert!(reclaimer.was_reclaimed());
+    let snapshot = snapshot(&snapshotter);
+    assert_eq!(
+        value(
+            &snapshot,
+            MetricKind::Counter,
+            "tower_inflight_reclaimed_total",
+            DB
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &snapshot,
+            MetricKind::Counter,
+            "tower_inflight_admitted_total",
+            DB
+        ),
+        2.0
+    );
+    assert_eq!(
+        value(&snapshot, MetricKind::Gauge, "tower_inflight_in_flight", DB),
+        1.0
+    );
+}
+
+#[test]
+fn bytes_reserved_gauge_follows_the_budget() {
+    let (bulkhead, snapshotter) = recorded(config(4).max_bytes(1000));
+    let mut first = bulkhead.try_acquire_bytes(300).unwrap();
+    let _second = bulkhead.try_acquire_bytes(200).unwrap();
+    let split = first.split_bytes();
+    drop(first);
+    assert_eq!(
+        value(
+            &snapshot(&snapshotter),
+            MetricKind::Gauge,
+            "tower_inflight_bytes_reserved",
+            DB
+        ),
+        500.0
+    );
+    drop(split);
+    assert_eq!(
+        value(
+            &snapshot(&snapshotter),
+            MetricKind::Gauge,
+            "tower_inflight_bytes_reserved",
+            DB
+        ),
+        200.0
+    );
+}
+
+#[test]
+fn an_unnamed_bulkhead_is_labelled_bulkhead() {
+    let (bulkhead, snapshotter) = recorded(Config::new(1, Duration::from_secs(30)));
+    drop(bulkhead.try_acquire().unwrap());
+    let snapshot = snapshot(&snapshotter);
+    assert_eq!(
+        value(
+            &snapshot,
+            MetricKind::Counter,
+            "tower_inflight_admitted_total",
+            &[("service", "bulkhead")]
+        ),
+        1.0
+    );
+}

@@ -1,0 +1,93 @@
+//! The `tracing` feature: a debug event per rejection, a warning per
+//! reclaimed slot.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tower_inflight::{Bulkhead, Config, ManualClock};
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Metadata, Subscriber};
+
+/// Keeps each event's level and fields.
+#[derive(Clone, Default)]
+struct Recorder(Arc<Mutex<Vec<(Level, String)>>>);
+
+struct Fields(String);
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!("{}={:?} ", field.name(), value));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.push_str(&format!("{}={} ", field.name(), value));
+    }
+}
+
+impl Subscriber for Recorder {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &Event<'_>) {
+        let mut fields = Fields(String::new());
+        event.record(&mut fields);
+        self.0
+            .lock()
+            .unwrap()
+            .push((*event.metadata().level(), fields.0));
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+fn a_rejection_is_a_debug_event_naming_service_limit_and_reason() {
+    let recorder = Recorder::default();
+    let bulkhead = Bulkhead::new(Config::new(1, Duration::from_secs(30)).name("db"));
+    let _held = bulkhead.try_acquire().unwrap();
+    tracing::subscriber::with_default(recorder.clone(), || {
+        assert!(bulkhead.try_acquire().is_err());
+    });
+    let events = recorder.0.lock().unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let (level, fields) = &events[0];
+    assert_eq!(*level, Level::DEBUG);
+    for expected in ["service=db", "limit=1", "reason=limit"] {
+        assert!(fields.contains(expected), "{expected} not in {fields}");
+    }
+}
+
+#[test]
+fn a_reclaimed_slot_is_a_warning() {
+    let recorder = Recorder::default();
+    let clock = ManualClock::new();
+    let bulkhead = Bulkhead::new(
+        Config::new(1, Duration::from_secs(30))
+            .name("db")
+            .clock(clock.clone()),
+    );
+    std::mem::forget(bulkhead.try_acquire().unwrap());
+    clock.advance(Duration::from_secs(30));
+    tracing::subscriber::with_default(recorder.clone(), || {
+        drop(bulkhead.try_acquire().unwrap());
+    });
+    let events = recorder.0.lock().unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].0, Level::WARN);
+    assert!(events[0].1.contains("service=db"), "{}", events[0].1);
+}
+
+#[test]
+fn admitted_calls_log_nothing() {
+    let recorder = Recorder::default();
+    let bulkhead = Bulkhead::new(Config::new(1, Duration::from_secs(30)));
+    tracing::subscriber::with_default(recorder.clone(), || {
+        for _ in 0..10 {
+            drop(bulkhead.try_acquire().unwrap());
+        }
+    });
+    assert!(recorder.0.lock().unwrap().is_empty());
+}
