@@ -394,7 +394,19 @@ impl Shared {
         if self.config.max_bytes.is_none() || bytes == 0 {
             return Ok(permit);
         }
-        match self.slots.reserve_bytes(permit.claim(), bytes) {
+        let mut reserved = self.slots.reserve_bytes(permit.claim(), bytes);
+        if reserved.is_none() {
+            // Bytes of holders that vanished may be what fills the budget.
+            let freed = self.slots.reclaim_expired_bytes(self.clock.now());
+            for _ in 0..freed {
+                self.observer.reclaimed();
+            }
+            if freed > 0 {
+                self.observer.bytes(|| self.slots.bytes_reserved());
+                reserved = self.slots.reserve_bytes(permit.claim(), bytes);
+            }
+        }
+        match reserved {
             Some(epoch) => {
                 self.observer.bytes(|| self.slots.bytes_reserved());
                 Ok(permit.with_bytes(bytes, epoch))

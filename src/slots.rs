@@ -218,14 +218,51 @@ impl SlotTable {
     /// that holder had recorded.
     #[cold]
     fn recover_abandoned_bytes(&self, claim: &Claim) {
+        self.give_back_recorded_bytes(claim.index, claim.word);
+    }
+
+    /// After slot `index` was rewritten to `word` (a new generation) over a
+    /// holder that vanished: gives back the bytes that holder had recorded.
+    fn give_back_recorded_bytes(&self, index: usize, word: u64) {
         let Some(budget) = &self.budget else { return };
-        let record = self.slots[claim.index]
+        let record = self.slots[index]
             .bytes
-            .swap(generation(claim.word), Ordering::SeqCst);
+            .swap(generation(word), Ordering::SeqCst);
         let abandoned = record >> GENERATION_BITS;
-        if abandoned != 0 && generation(record) != generation(claim.word) {
+        if abandoned != 0 && generation(record) != generation(word) {
             budget.give_back_abandoned(abandoned);
         }
+    }
+
+    /// Frees every slot whose holder kept it past its deadline while holding
+    /// bytes, and gives those bytes back; returns how many it freed.
+    ///
+    /// A claim recovers an expired holder's bytes only when it lands on that
+    /// very slot, and a free slot earlier in a caller's scan may always be
+    /// taken first: so when the budget looks spent, this looks for such bytes
+    /// everywhere before a call is shed for them. The freed slot gets a new
+    /// generation, so the late holder can no longer release it or its bytes.
+    #[cold]
+    pub(crate) fn reclaim_expired_bytes(&self, now: u64) -> usize {
+        let mut freed = 0;
+        for (index, slot) in self.slots.iter().enumerate() {
+            let word = slot.word.load(Ordering::SeqCst);
+            let until = deadline(word);
+            let holds_bytes = slot.bytes.load(Ordering::SeqCst) >> GENERATION_BITS != 0;
+            if until == 0 || until > now || !holds_bytes {
+                continue;
+            }
+            let free = next_generation(word);
+            if slot
+                .word
+                .compare_exchange(word, free, Ordering::SeqCst, Ordering::Relaxed)
+                .is_ok()
+            {
+                self.give_back_recorded_bytes(index, free);
+                freed += 1;
+            }
+        }
+        freed
     }
 
     /// Claims of every slot, ever.
@@ -352,6 +389,22 @@ mod tests {
         );
         table.reserve_bytes(&new, 900).unwrap();
         assert!(table.unrecord_bytes(&new, 900));
+    }
+
+    #[test]
+    fn expired_bytes_are_found_wherever_their_slot_is() {
+        let table = SlotTable::new(2, HOLD, Some(1000));
+        let leaked = table.try_claim(1, Ordering::Relaxed).unwrap();
+        table.reserve_bytes(&leaked, 800).unwrap();
+        assert_eq!(table.reclaim_expired_bytes(HOLD), 0, "not expired yet");
+        assert_eq!(table.reclaim_expired_bytes(1 + HOLD), 1);
+        assert_eq!(table.bytes_reserved(), 0);
+        assert_eq!(table.held(1 + HOLD), 0);
+        assert!(!table.unrecord_bytes(&leaked, 800));
+        assert!(
+            !table.release(&leaked),
+            "the late holder can no longer release it"
+        );
     }
 
     #[test]

@@ -29,3 +29,18 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         mutex.lock().unwrap()
     }
 }
+
+/// Nothing, except under loom: there, a `SeqCst` fence.
+///
+/// The waiter queue relies on `SeqCst` accesses for a store-buffering
+/// pattern (a releaser's compare-and-exchange then load of the parked count,
+/// against a waiter's increment of that count then load of the slots; see
+/// the slot table's "Memory ordering"). Loom models `SeqCst` fences but not
+/// `SeqCst` accesses, which it treats as `AcqRel`; a `SeqCst` fence between
+/// the two accesses on each side gives the same guarantee in the C++ model,
+/// so the models check the algorithm in that form.
+#[inline(always)]
+pub(crate) fn loom_seqcst_fence() {
+    #[cfg(tower_inflight_loom)]
+    loom::sync::atomic::fence(Ordering::SeqCst);
+}

@@ -12,7 +12,7 @@
 
 use crate::clock::Clock;
 use crate::slots::{Claim, SlotTable};
-use crate::sync::{lock, Arc, AtomicUsize, Mutex, Ordering};
+use crate::sync::{lock, loom_seqcst_fence, Arc, AtomicUsize, Mutex, Ordering};
 use std::collections::VecDeque;
 use std::task::{Context, Poll, Waker};
 
@@ -67,6 +67,7 @@ impl Waiters {
     /// the slot table's "Memory ordering").
     #[inline]
     pub(crate) fn after_release(&self, slots: &SlotTable, clock: &Clock) {
+        loom_seqcst_fence();
         if self.parked.load(Ordering::SeqCst) > 0 {
             self.dispatch(&mut lock(&self.queue), slots, clock.now());
         }
@@ -104,6 +105,7 @@ impl Waiters {
         });
         queue.push_back(node.clone());
         self.parked.fetch_add(1, Ordering::SeqCst);
+        loom_seqcst_fence();
         // A slot freed after the scan above, by a releaser that read
         // `parked` before the increment, is found here.
         self.dispatch(&mut queue, slots, now);

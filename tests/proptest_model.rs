@@ -1,0 +1,600 @@
+//! Random sequences of operations on one bulkhead, checked after every step
+//! against a reference model: a table of slots, each with its holder, the
+//! holder's deadline and the bytes it recorded, plus the byte budget and its
+//! epoch.
+//!
+//! The model knows nothing of generations, words or start indices. It scans
+//! its slots in a fixed order from position 0; the bulkhead scans from a
+//! per-thread start index, which is fixed on the one thread that runs every
+//! case, so the two take the same slot as long as position `p` of the model
+//! stands for slot `start + p`.
+//!
+//! `reclaim_after` is timed with a `ManualClock` in whole microseconds, so the
+//! model's deadlines are exact: a slot taken at `t` is free at `t + hold`, not
+//! a microsecond before.
+
+use proptest::prelude::*;
+use proptest::sample::Index;
+use proptest::test_runner::FileFailurePersistence;
+use std::time::Duration;
+use tower_inflight::{
+    Bulkhead, ByteReservation, Config, ManualClock, Permit, ServiceSaturated, ShedReason,
+};
+
+/// `reclaim_after`, in microseconds.
+const HOLD_US: u64 = 100_000;
+const MAX_BYTES: u64 = 1_000;
+
+#[derive(Clone, Debug)]
+enum Op {
+    TryAcquire,
+    TryAcquireBytes(u64),
+    /// Drops a held permit (any of them: it may have been reclaimed or reset).
+    Release(Index),
+    /// `mem::forget`s a held permit.
+    Forget(Index),
+    /// Splits a held permit's bytes into a reservation of their own.
+    SplitBytes(Index),
+    DropReservation(Index),
+    /// Moves the manual clock on, in microseconds.
+    Advance(u64),
+    Reset,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        5 => Just(Op::TryAcquire),
+        5 => (0..=700u64).prop_map(Op::TryAcquireBytes),
+        5 => any::<Index>().prop_map(Op::Release),
+        2 => any::<Index>().prop_map(Op::Forget),
+        2 => any::<Index>().prop_map(Op::SplitBytes),
+        2 => any::<Index>().prop_map(Op::DropReservation),
+        3 => (0..=40_000u64).prop_map(Op::Advance),
+        1 => Just(Op::Advance(HOLD_US - 1)),
+        1 => Just(Op::Advance(1)),
+        1 => Just(Op::Advance(HOLD_US)),
+        1 => Just(Op::Reset),
+    ]
+}
+
+/// A holder of a slot, as the model sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Holder {
+    id: u64,
+    /// The clock reading (microseconds) from which the slot counts as free.
+    deadline: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Slot {
+    /// `None` once released or reset. An expired holder stays until a new
+    /// claim reclaims the slot: its slot counts as free meanwhile.
+    holder: Option<Holder>,
+    /// The bytes a holder recorded on the slot: `(holder id, bytes)`.
+    record: Option<(u64, u64)>,
+}
+
+/// A permit the test still holds, with what the model expects of it.
+#[derive(Debug)]
+struct Held {
+    permit: Permit,
+    id: u64,
+    position: usize,
+    bytes: u64,
+    epoch: Option<u64>,
+}
+
+#[derive(Debug)]
+struct Reserved {
+    reservation: ByteReservation,
+    bytes: u64,
+    epoch: Option<u64>,
+}
+
+struct Model {
+    limit: usize,
+    now: u64,
+    slots: Vec<Slot>,
+    reserved: u64,
+    epoch: u64,
+    next_id: u64,
+    forgotten: usize,
+}
+
+/// What the model expects of an acquire.
+#[derive(Debug, PartialEq, Eq)]
+enum Admission {
+    Admitted {
+        id: u64,
+        position: usize,
+        reclaimed: bool,
+        bytes: u64,
+    },
+    Shed(ShedReason),
+}
+
+impl Model {
+    fn new(limit: usize) -> Self {
+        Self {
+            limit,
+            now: 0,
+            slots: vec![Slot::default(); limit],
+            reserved: 0,
+            epoch: 0,
+            next_id: 0,
+            forgotten: 0,
+        }
+    }
+
+    fn is_live(&self, slot: &Slot) -> bool {
+        slot.holder.is_some_and(|holder| holder.deadline > self.now)
+    }
+
+    fn live(&self) -> usize {
+        self.slots.iter().filter(|slot| self.is_live(slot)).count()
+    }
+
+    /// Whether `id` still holds the slot at `position` (expired or not):
+    /// neither reclaimed by a newer holder nor cleared by a reset.
+    fn still_holds(&self, id: u64, position: usize) -> bool {
+        self.slots[position].holder.is_some_and(|h| h.id == id)
+    }
+
+    fn acquire(&mut self, bytes: u64) -> Admission {
+        let Some(position) = self.slots.iter().position(|slot| !self.is_live(slot)) else {
+            return Admission::Shed(ShedReason::LimitReached);
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        let slot = &mut self.slots[position];
+        // A slot still marked with a holder is one whose deadline passed
+        // without a release: it is reclaimed, and so are the bytes recorded
+        // on it.
+        let reclaimed = slot.holder.is_some();
+        if reclaimed {
+            if let Some((_, abandoned)) = slot.record.take() {
+                self.reserved = self.reserved.saturating_sub(abandoned);
+            }
+        }
+        assert_eq!(slot.record, None, "model: a free slot with a byte record");
+        slot.holder = Some(Holder {
+            id,
+            deadline: self.now + HOLD_US,
+        });
+        if bytes == 0 {
+            return Admission::Admitted {
+                id,
+                position,
+                reclaimed,
+                bytes: 0,
+            };
+        }
+        if self.reserved + bytes > MAX_BYTES {
+            // Before shedding, every expired holder that still records bytes
+            // loses its slot and its bytes, wherever its slot is.
+            let now = self.now;
+            for slot in &mut self.slots {
+                let expired = slot.holder.is_some_and(|holder| holder.deadline <= now);
+                if expired && slot.record.is_some_and(|(_, bytes)| bytes > 0) {
+                    let (_, abandoned) = slot.record.take().unwrap_or_default();
+                    self.reserved = self.reserved.saturating_sub(abandoned);
+                    slot.holder = None;
+                }
+            }
+        }
+        if self.reserved + bytes > MAX_BYTES {
+            // The slot goes back at once.
+            self.slots[position].holder = None;
+            return Admission::Shed(ShedReason::Bytes);
+        }
+        self.reserved += bytes;
+        self.slots[position].record = Some((id, bytes));
+        Admission::Admitted {
+            id,
+            position,
+            reclaimed,
+            bytes,
+        }
+    }
+
+    /// The permit's holder takes its bytes off its slot's record: the bytes
+    /// if they were still there, 0 if a reclaim or reset gave them back.
+    fn take_bytes(&mut self, id: u64, position: usize, bytes: u64) -> u64 {
+        let slot = &mut self.slots[position];
+        if bytes != 0 && slot.record == Some((id, bytes)) {
+            slot.record = None;
+            bytes
+        } else {
+            0
+        }
+    }
+
+    fn give_back(&mut self, bytes: u64, epoch: Option<u64>) {
+        if bytes != 0 && epoch == Some(self.epoch) {
+            self.reserved = self.reserved.saturating_sub(bytes);
+        }
+    }
+
+    fn release(&mut self, held: &Held) {
+        if held.bytes != 0 {
+            let bytes = self.take_bytes(held.id, held.position, held.bytes);
+            self.give_back(bytes, held.epoch);
+        }
+        if self.still_holds(held.id, held.position) {
+            self.slots[held.position].holder = None;
+        }
+    }
+
+    fn reset(&mut self) {
+        for slot in &mut self.slots {
+            *slot = Slot::default();
+        }
+        self.reserved = 0;
+        self.epoch += 1;
+    }
+}
+
+struct Harness {
+    bulkhead: Bulkhead,
+    clock: ManualClock,
+    model: Model,
+    held: Vec<Held>,
+    reservations: Vec<Reserved>,
+}
+
+impl Harness {
+    fn new(limit: usize) -> Self {
+        let clock = ManualClock::new();
+        let bulkhead = Bulkhead::new(
+            Config::new(limit, Duration::from_micros(HOLD_US))
+                .max_bytes(MAX_BYTES)
+                .clock(clock.clone()),
+        );
+        Self {
+            bulkhead,
+            clock,
+            model: Model::new(limit),
+            held: Vec::new(),
+            reservations: Vec::new(),
+        }
+    }
+
+    fn apply(&mut self, op: &Op) -> Result<(), TestCaseError> {
+        match *op {
+            Op::TryAcquire => {
+                let actual = self.bulkhead.try_acquire();
+                let expected = self.model.acquire(0);
+                self.check_admission(actual, expected)?;
+            }
+            Op::TryAcquireBytes(bytes) => {
+                let actual = self.bulkhead.try_acquire_bytes(bytes);
+                let expected = self.model.acquire(bytes);
+                self.check_admission(actual, expected)?;
+            }
+            Op::Release(index) => {
+                if !self.held.is_empty() {
+                    self.release_at(index.index(self.held.len()))?;
+                }
+            }
+            Op::Forget(index) => {
+                if self.held.is_empty() {
+                    return Ok(());
+                }
+                let Held { permit, .. } = self.held.remove(index.index(self.held.len()));
+                std::mem::forget(permit);
+                self.model.forgotten += 1;
+            }
+            Op::SplitBytes(index) => {
+                if self.held.is_empty() {
+                    return Ok(());
+                }
+                let i = index.index(self.held.len());
+                let (id, position, bytes, epoch) = {
+                    let held = &self.held[i];
+                    (held.id, held.position, held.bytes, held.epoch)
+                };
+                let moved = self.model.take_bytes(id, position, bytes);
+                self.held[i].bytes = 0;
+                let reservation = self.held[i].permit.split_bytes();
+                prop_assert_eq!(reservation.bytes(), moved, "bytes moved by split_bytes");
+                prop_assert_eq!(self.held[i].permit.bytes(), 0, "bytes left on the permit");
+                self.reservations.push(Reserved {
+                    reservation,
+                    bytes: moved,
+                    epoch,
+                });
+            }
+            Op::DropReservation(index) => {
+                if !self.reservations.is_empty() {
+                    self.drop_reservation_at(index.index(self.reservations.len()));
+                }
+            }
+            Op::Advance(micros) => {
+                self.clock.advance(Duration::from_micros(micros));
+                self.model.now += micros;
+            }
+            Op::Reset => {
+                self.bulkhead.reset();
+                self.model.reset();
+            }
+        }
+        self.check()
+    }
+
+    fn release_at(&mut self, i: usize) -> Result<(), TestCaseError> {
+        let held = self.held.remove(i);
+        let superseded = !self.model.still_holds(held.id, held.position);
+        let before = (self.bulkhead.in_flight(), self.bulkhead.bytes_reserved());
+        self.model.release(&held);
+        drop(held.permit);
+        if superseded {
+            prop_assert_eq!(
+                (self.bulkhead.in_flight(), self.bulkhead.bytes_reserved()),
+                before,
+                "a permit whose slot was reclaimed or reset changed the counts on release"
+            );
+        }
+        Ok(())
+    }
+
+    fn drop_reservation_at(&mut self, i: usize) {
+        let reserved = self.reservations.remove(i);
+        self.model.give_back(reserved.bytes, reserved.epoch);
+        drop(reserved.reservation);
+    }
+
+    fn check_admission(
+        &mut self,
+        actual: Result<Permit, ServiceSaturated>,
+        expected: Admission,
+    ) -> Result<(), TestCaseError> {
+        match (actual, expected) {
+            (
+                Ok(permit),
+                Admission::Admitted {
+                    id,
+                    position,
+                    reclaimed,
+                    bytes,
+                },
+            ) => {
+                prop_assert_eq!(permit.was_reclaimed(), reclaimed, "was_reclaimed()");
+                prop_assert_eq!(permit.bytes(), bytes, "permit.bytes()");
+                let epoch = (bytes > 0).then_some(self.model.epoch);
+                self.held.push(Held {
+                    permit,
+                    id,
+                    position,
+                    bytes,
+                    epoch,
+                });
+            }
+            (Err(shed), Admission::Shed(reason)) => {
+                prop_assert_eq!(shed.reason(), reason, "shed reason");
+            }
+            (Ok(permit), expected) => {
+                prop_assert!(
+                    false,
+                    "admitted ({permit:?}, reclaimed: {}) where the model expected {expected:?}",
+                    permit.was_reclaimed()
+                );
+            }
+            (Err(shed), expected) => {
+                prop_assert!(
+                    false,
+                    "shed ({:?}) where the model expected {expected:?}",
+                    shed.reason()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// What must hold after every step.
+    fn check(&self) -> Result<(), TestCaseError> {
+        let model = &self.model;
+        let live = model.live();
+        prop_assert_eq!(self.bulkhead.in_flight(), live, "in_flight()");
+        prop_assert!(live <= model.limit);
+        prop_assert_eq!(self.bulkhead.available(), model.limit - live, "available()");
+        prop_assert_eq!(
+            self.bulkhead.is_saturated(),
+            live == model.limit,
+            "is_saturated()"
+        );
+        prop_assert_eq!(
+            self.bulkhead.bytes_reserved(),
+            model.reserved,
+            "bytes_reserved()"
+        );
+        prop_assert!(self.bulkhead.bytes_reserved() <= MAX_BYTES);
+        prop_assert_eq!(self.bulkhead.waiting(), 0);
+
+        // More permits alive than `limit` only because some were superseded:
+        // their slots were reclaimed from under them (a slow holder) or reset.
+        let current = self
+            .held
+            .iter()
+            .filter(|held| model.still_holds(held.id, held.position))
+            .count();
+        prop_assert!(current <= model.limit);
+        let live_and_held = self
+            .held
+            .iter()
+            .filter(|held| {
+                model.still_holds(held.id, held.position)
+                    && model.is_live(&model.slots[held.position])
+            })
+            .count();
+        prop_assert!(
+            live_and_held <= live,
+            "held permits the model counts live ({live_and_held}) outnumber the live slots ({live})"
+        );
+        for held in &self.held {
+            prop_assert_eq!(
+                held.permit.bytes(),
+                held.bytes,
+                "bytes of {:?}",
+                held.permit
+            );
+        }
+        for reserved in &self.reservations {
+            prop_assert_eq!(reserved.reservation.bytes(), reserved.bytes);
+        }
+        Ok(())
+    }
+
+    /// Releases everything still held, lets every forgotten slot expire,
+    /// then takes every slot: exactly the forgotten (and unreset) ones come
+    /// back reclaimed, with their bytes, and afterwards nothing is held.
+    fn settle(mut self) -> Result<(), TestCaseError> {
+        while !self.held.is_empty() {
+            self.release_at(0)?;
+            self.check()?;
+        }
+        while !self.reservations.is_empty() {
+            self.drop_reservation_at(0);
+            self.check()?;
+        }
+        self.apply(&Op::Advance(HOLD_US))?;
+        prop_assert_eq!(
+            self.bulkhead.in_flight(),
+            0,
+            "a slot outlived reclaim_after"
+        );
+
+        let abandoned = self
+            .model
+            .slots
+            .iter()
+            .filter(|slot| slot.holder.is_some())
+            .count();
+        prop_assert!(abandoned <= self.model.forgotten);
+        let permits: Vec<Permit> = (0..self.model.limit)
+            .map(|_| self.bulkhead.try_acquire())
+            .collect::<Result<_, _>>()
+            .map_err(|shed| TestCaseError::fail(format!("a slot was not free: {shed}")))?;
+        let reclaimed = permits.iter().filter(|p| p.was_reclaimed()).count();
+        prop_assert_eq!(
+            reclaimed,
+            abandoned,
+            "slots reclaimed from forgotten permits"
+        );
+        prop_assert_eq!(
+            self.bulkhead.bytes_reserved(),
+            0,
+            "bytes left once every slot was retaken"
+        );
+        prop_assert!(self.bulkhead.try_acquire().is_err());
+        drop(permits);
+        prop_assert_eq!(self.bulkhead.in_flight(), 0);
+        prop_assert_eq!(self.bulkhead.available(), self.model.limit);
+        prop_assert_eq!(self.bulkhead.bytes_reserved(), 0);
+        Ok(())
+    }
+}
+
+/// Failing seeds are written to `tests/proptest-regressions/` (one file per
+/// property) and replayed first on every run: commit them.
+fn config(cases: u32, regressions: &'static str) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(regressions))),
+        ..ProptestConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(config(256, concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/proptest-regressions/proptest_model.txt"
+    )))]
+
+    #[test]
+    fn bulkhead_matches_the_model_after_every_operation(
+        limit in 1..=4usize,
+        ops in prop::collection::vec(op(), 1..80),
+    ) {
+        let mut harness = Harness::new(limit);
+        for op in &ops {
+            harness.apply(op)?;
+        }
+        harness.settle()?;
+    }
+}
+
+proptest! {
+    #![proptest_config(config(64, concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/proptest-regressions/proptest_model_bytes_expire.txt"
+    )))]
+
+    /// Promise 5, for bytes: once every permit has been dropped or has
+    /// outlived `reclaim_after`, the whole byte budget can be had again.
+    #[test]
+    fn whole_byte_budget_is_available_once_every_holder_is_released_or_expired(
+        limit in 1..=4usize,
+        ops in prop::collection::vec(op(), 1..80),
+    ) {
+        let mut harness = Harness::new(limit);
+        for op in &ops {
+            harness.apply(op)?;
+        }
+        while !harness.held.is_empty() {
+            harness.release_at(0)?;
+        }
+        while !harness.reservations.is_empty() {
+            harness.drop_reservation_at(0);
+        }
+        harness.clock.advance(Duration::from_micros(HOLD_US));
+        prop_assert_eq!(harness.bulkhead.in_flight(), 0);
+        let reserved = harness.bulkhead.bytes_reserved();
+        let whole = harness.bulkhead.try_acquire_bytes(MAX_BYTES);
+        prop_assert!(
+            whole.is_ok(),
+            "every holder is gone or expired, yet {} bytes are held: {:?}",
+            reserved,
+            whole.map(drop)
+        );
+        drop(whole);
+        prop_assert_eq!(harness.bulkhead.bytes_reserved(), 0);
+    }
+}
+
+/// The smallest case of the bug above. A thread's scans start at the same
+/// slot every time, so a single-threaded caller (a `current_thread` runtime)
+/// keeps landing on the released slot in front of the expired one and never
+/// reclaims it: the forgotten permit's bytes are held forever, and every call
+/// that needs them is shed with `ShedReason::Bytes` while `in_flight()` is 0.
+#[test]
+fn forgotten_bytes_come_back_even_when_another_slot_is_free() {
+    let clock = ManualClock::new();
+    let reclaim = Duration::from_secs(30);
+    let bulkhead = Bulkhead::new(
+        Config::new(2, reclaim)
+            .max_bytes(MAX_BYTES)
+            .clock(clock.clone()),
+    );
+    let first = bulkhead.try_acquire().unwrap(); // the slot this thread scans first
+    std::mem::forget(bulkhead.try_acquire_bytes(800).unwrap()); // the next one
+    drop(first);
+    clock.advance(reclaim * 10);
+    assert_eq!(bulkhead.in_flight(), 0, "the forgotten slot has expired");
+
+    let mut shed = 0;
+    for _ in 0..100 {
+        match bulkhead.try_acquire_bytes(800) {
+            Ok(permit) => drop(permit),
+            Err(error) => {
+                assert_eq!(error.reason(), ShedReason::Bytes);
+                shed += 1;
+            }
+        }
+    }
+    assert_eq!(
+        (shed, bulkhead.bytes_reserved()),
+        (0, 0),
+        "shed for bytes held by a permit forgotten {:?} ago, with every slot free",
+        clock.elapsed()
+    );
+}
