@@ -321,14 +321,14 @@ impl Shared {
     /// Called for every permit made, in `Permit::new`.
     #[inline]
     pub(crate) fn admitted(&self, claim: &Claim) {
-        if claim.reclaimed || claim.sample {
+        if claim.reclaimed() || claim.sample() {
             self.admitted_rarely(claim);
         }
         let at = self.slots.claimed_at(claim);
         if self.observer.rollups.minute_turned(at.saturating_sub(1)) {
             self.turn_minute(at, 1);
         }
-        self.observer.admitted(claim.reclaimed);
+        self.observer.admitted(claim.reclaimed());
     }
 
     /// Records the totals as they were when the minute of `now` began, that
@@ -344,11 +344,11 @@ impl Shared {
 
     #[cold]
     fn admitted_rarely(&self, claim: &Claim) {
-        if claim.reclaimed {
+        if claim.reclaimed() {
             self.observer.reclaimed();
             self.observer.bytes(|| self.slots.bytes_reserved());
         }
-        if claim.sample {
+        if claim.sample() {
             let at = self.slots.claimed_at(claim);
             self.observer.rollups.see_in_flight(self.slots.held(at));
         }

@@ -25,6 +25,29 @@ pub(crate) struct ByteBudget {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Epoch(u64);
 
+/// A holder's share of the budget: its bytes (low 48 bits) and the epoch
+/// they were reserved in (high 16), in one word, so that a permit stays
+/// small enough to move in registers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Share(u64);
+
+impl Share {
+    pub(crate) const NONE: Share = Share(0);
+
+    pub(crate) fn new(bytes: u64, epoch: Epoch) -> Self {
+        Share((bytes & RESERVED_MASK) | (epoch.0 << RESERVED_BITS))
+    }
+
+    #[inline]
+    pub(crate) fn bytes(self) -> u64 {
+        self.0 & RESERVED_MASK
+    }
+
+    pub(crate) fn epoch(self) -> Epoch {
+        Epoch(self.0 >> RESERVED_BITS)
+    }
+}
+
 impl ByteBudget {
     pub(crate) fn new(max: u64) -> Self {
         Self {

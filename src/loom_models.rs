@@ -94,7 +94,8 @@ fn loom_late_release_never_frees_the_reclaimer_slot() {
                 // free, not reclaimed), or the slot was reclaimed and the late
                 // release did nothing.
                 assert_eq!(
-                    claim.reclaimed, !late_slot,
+                    claim.reclaimed(),
+                    !late_slot,
                     "the late release freed the reclaimer's slot"
                 );
                 assert_eq!(table.held(expired), 1, "the reclaimer still holds its slot");

@@ -2,7 +2,7 @@
 //! given back when dropped.
 
 use crate::bulkhead::Shared;
-use crate::bytes::Epoch;
+use crate::bytes::{Epoch, Share};
 use crate::slots::Claim;
 use crate::sync::Arc;
 use std::fmt;
@@ -20,8 +20,7 @@ use std::fmt;
 pub struct Permit {
     shared: Arc<Shared>,
     claim: Claim,
-    bytes: u64,
-    epoch: Option<Epoch>,
+    share: Share,
 }
 
 /// A share of a bulkhead's byte budget, returned when dropped.
@@ -33,24 +32,22 @@ pub struct Permit {
 #[must_use = "the bytes are returned as soon as the reservation is dropped"]
 pub struct ByteReservation {
     shared: Arc<Shared>,
-    bytes: u64,
-    epoch: Option<Epoch>,
+    share: Share,
 }
 
 impl Permit {
+    #[inline]
     pub(crate) fn new(shared: Arc<Shared>, claim: Claim) -> Self {
         shared.admitted(&claim);
         Self {
             shared,
             claim,
-            bytes: 0,
-            epoch: None,
+            share: Share::NONE,
         }
     }
 
     pub(crate) fn with_bytes(mut self, bytes: u64, epoch: Epoch) -> Self {
-        self.bytes = bytes;
-        self.epoch = Some(epoch);
+        self.share = Share::new(bytes, epoch);
         self
     }
 
@@ -60,12 +57,17 @@ impl Permit {
 
     /// Takes the permit's bytes off its slot's record; 0 if a reclaim or a
     /// reset has given them back already.
-    fn take_bytes(&mut self) -> u64 {
-        let bytes = std::mem::take(&mut self.bytes);
-        if bytes != 0 && self.shared.slots().unrecord_bytes(&self.claim, bytes) {
-            bytes
+    fn take_bytes(&mut self) -> Share {
+        let share = std::mem::take(&mut self.share);
+        if share.bytes() != 0
+            && self
+                .shared
+                .slots()
+                .unrecord_bytes(&self.claim, share.bytes())
+        {
+            share
         } else {
-            0
+            Share::NONE
         }
     }
 
@@ -73,13 +75,13 @@ impl Permit {
     /// past `reclaim_after` without releasing it: a leak, or a
     /// `reclaim_after` shorter than your slowest legitimate call.
     pub fn was_reclaimed(&self) -> bool {
-        self.claim.reclaimed
+        self.claim.reclaimed()
     }
 
     /// The bytes of the budget this permit holds (0 if none were reserved, or
     /// they were split off).
     pub fn bytes(&self) -> u64 {
-        self.bytes
+        self.share.bytes()
     }
 
     /// Moves the permit's bytes into a reservation of their own, which
@@ -104,8 +106,7 @@ impl Permit {
     pub fn split_bytes(&mut self) -> ByteReservation {
         ByteReservation {
             shared: self.shared.clone(),
-            bytes: self.take_bytes(),
-            epoch: self.epoch,
+            share: self.take_bytes(),
         }
     }
 }
@@ -113,15 +114,16 @@ impl Permit {
 impl ByteReservation {
     /// How many bytes this reservation holds.
     pub fn bytes(&self) -> u64 {
-        self.bytes
+        self.share.bytes()
     }
 }
 
 impl Drop for Permit {
+    #[inline]
     fn drop(&mut self) {
-        if self.bytes != 0 {
-            let bytes = self.take_bytes();
-            give_back(&self.shared, bytes, self.epoch);
+        if self.share.bytes() != 0 {
+            let share = self.take_bytes();
+            give_back(&self.shared, share);
         }
         self.shared.release_permit(&self.claim);
     }
@@ -129,13 +131,13 @@ impl Drop for Permit {
 
 impl Drop for ByteReservation {
     fn drop(&mut self) {
-        give_back(&self.shared, self.bytes, self.epoch);
+        give_back(&self.shared, self.share);
     }
 }
 
-fn give_back(shared: &Shared, bytes: u64, epoch: Option<Epoch>) {
-    if let (true, Some(epoch)) = (bytes != 0, epoch) {
-        shared.slots().give_back_bytes(bytes, epoch);
+fn give_back(shared: &Shared, share: Share) {
+    if share.bytes() != 0 {
+        shared.slots().give_back_bytes(share.bytes(), share.epoch());
         shared.observer().bytes(|| shared.slots().bytes_reserved());
     }
 }
@@ -143,8 +145,8 @@ fn give_back(shared: &Shared, bytes: u64, epoch: Option<Epoch>) {
 impl fmt::Debug for Permit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Permit")
-            .field("slot", &self.claim.index)
-            .field("bytes", &self.bytes)
+            .field("slot", &self.claim.index())
+            .field("bytes", &self.share.bytes())
             .field("bulkhead", &self.shared.config().name.as_deref())
             .finish()
     }
@@ -153,7 +155,7 @@ impl fmt::Debug for Permit {
 impl fmt::Debug for ByteReservation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ByteReservation")
-            .field("bytes", &self.bytes)
+            .field("bytes", &self.share.bytes())
             .field("bulkhead", &self.shared.config().name.as_deref())
             .finish()
     }

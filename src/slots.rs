@@ -28,6 +28,7 @@
 use crate::bytes::{ByteBudget, Epoch};
 use crate::sync::{AtomicU64, Ordering};
 use std::cell::Cell;
+use std::num::NonZeroU64;
 
 const GENERATION_BITS: u32 = 22;
 const GENERATION_MASK: u64 = (1 << GENERATION_BITS) - 1;
@@ -51,15 +52,50 @@ struct Slot {
     claims: AtomicU64,
 }
 
-/// A slot held by a claim: its index and the exact word the claim wrote.
+/// A slot held by a claim: its index and the exact word the claim wrote,
+/// and two flags. Sixteen bytes with a niche, so that an `Option<Claim>`
+/// travels in two registers rather than being pieced together in memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Claim {
-    pub(crate) index: usize,
-    pub(crate) word: u64,
+    word: NonZeroU64,
+    /// The slot's index, with `RECLAIMED` and `SAMPLE` in its top bits.
+    tagged_index: u64,
+}
+
+const RECLAIMED: u64 = 1 << 63;
+const SAMPLE: u64 = 1 << 62;
+
+impl Claim {
+    #[inline]
+    fn new(index: usize, word: u64, reclaimed: bool, sample: bool) -> Self {
+        // A held word is never 0: its deadline is at least 1.
+        let word = NonZeroU64::new(word).unwrap_or(NonZeroU64::MIN);
+        let tagged_index =
+            index as u64 | (u64::from(reclaimed) * RECLAIMED) | (u64::from(sample) * SAMPLE);
+        Self { word, tagged_index }
+    }
+
+    #[inline]
+    pub(crate) fn index(&self) -> usize {
+        (self.tagged_index & !(RECLAIMED | SAMPLE)) as usize
+    }
+
+    #[inline]
+    pub(crate) fn word(&self) -> u64 {
+        self.word.get()
+    }
+
     /// The slot was taken from a holder whose deadline passed without a release.
-    pub(crate) reclaimed: bool,
+    #[inline]
+    pub(crate) fn reclaimed(&self) -> bool {
+        self.tagged_index & RECLAIMED != 0
+    }
+
     /// This claim is one of those chosen to sample how many slots are held.
-    pub(crate) sample: bool,
+    #[inline]
+    pub(crate) fn sample(&self) -> bool {
+        self.tagged_index & SAMPLE != 0
+    }
 }
 
 #[derive(Debug)]
@@ -129,13 +165,8 @@ impl SlotTable {
                     // does, without a locked instruction.
                     let claims = slot.claims.load(Ordering::Relaxed).wrapping_add(1);
                     slot.claims.store(claims, Ordering::Relaxed);
-                    let claim = Claim {
-                        index,
-                        word: new,
-                        reclaimed: until != 0,
-                        sample: claims & self.sample_mask == 1,
-                    };
-                    if claim.reclaimed {
+                    let claim = Claim::new(index, new, until != 0, claims & self.sample_mask == 1);
+                    if claim.reclaimed() {
                         self.recover_abandoned_bytes(&claim);
                     }
                     return Some(claim);
@@ -154,10 +185,10 @@ impl SlotTable {
     /// to someone else now.
     #[inline]
     pub(crate) fn release(&self, claim: &Claim) -> bool {
-        let freed = generation(claim.word);
-        self.slots[claim.index]
+        let freed = generation(claim.word());
+        self.slots[claim.index()]
             .word
-            .compare_exchange(claim.word, freed, Ordering::SeqCst, Ordering::Relaxed)
+            .compare_exchange(claim.word(), freed, Ordering::SeqCst, Ordering::Relaxed)
             .is_ok()
     }
 
@@ -181,8 +212,8 @@ impl SlotTable {
     /// them on its slot. `None` if they do not fit (or there is no budget).
     pub(crate) fn reserve_bytes(&self, claim: &Claim, bytes: u64) -> Option<Epoch> {
         let epoch = self.budget.as_ref()?.reserve(bytes)?;
-        let record = (bytes << GENERATION_BITS) | generation(claim.word);
-        self.slots[claim.index]
+        let record = (bytes << GENERATION_BITS) | generation(claim.word());
+        self.slots[claim.index()]
             .bytes
             .store(record, Ordering::SeqCst);
         Some(epoch)
@@ -192,12 +223,12 @@ impl SlotTable {
     /// them back or to hold them apart from the slot. `false` if they are no
     /// longer there: a reclaim or a reset has already given them back.
     pub(crate) fn unrecord_bytes(&self, claim: &Claim, bytes: u64) -> bool {
-        let record = (bytes << GENERATION_BITS) | generation(claim.word);
-        self.slots[claim.index]
+        let record = (bytes << GENERATION_BITS) | generation(claim.word());
+        self.slots[claim.index()]
             .bytes
             .compare_exchange(
                 record,
-                generation(claim.word),
+                generation(claim.word()),
                 Ordering::SeqCst,
                 Ordering::Relaxed,
             )
@@ -218,7 +249,7 @@ impl SlotTable {
     /// that holder had recorded.
     #[cold]
     fn recover_abandoned_bytes(&self, claim: &Claim) {
-        self.give_back_recorded_bytes(claim.index, claim.word);
+        self.give_back_recorded_bytes(claim.index(), claim.word());
     }
 
     /// After slot `index` was rewritten to `word` (a new generation) over a
@@ -275,7 +306,7 @@ impl SlotTable {
 
     /// The tick at which `claim` was made.
     pub(crate) fn claimed_at(&self, claim: &Claim) -> u64 {
-        deadline(claim.word).saturating_sub(self.hold)
+        deadline(claim.word()).saturating_sub(self.hold)
     }
 
     /// How many slots are held at `now`.
@@ -355,10 +386,10 @@ mod tests {
     fn expired_slot_is_reclaimed_and_late_release_leaves_new_holder() {
         let table = SlotTable::new(1, HOLD, None);
         let old = table.try_claim(1, Ordering::Relaxed).unwrap();
-        assert!(!old.reclaimed);
+        assert!(!old.reclaimed());
         assert_eq!(table.try_claim(HOLD, Ordering::Relaxed), None);
         let new = table.try_claim(1 + HOLD, Ordering::Relaxed).unwrap();
-        assert!(new.reclaimed);
+        assert!(new.reclaimed());
         assert!(!table.release(&old));
         assert_eq!(table.held(1 + HOLD), 1);
         assert!(table.release(&new));
@@ -370,7 +401,7 @@ mod tests {
         let old = table.try_claim(5, Ordering::Relaxed).unwrap();
         table.reset();
         let new = table.try_claim(5, Ordering::Relaxed).unwrap();
-        assert_ne!(old.word, new.word);
+        assert_ne!(old.word(), new.word());
         assert!(!table.release(&old));
         assert_eq!(table.held(5), 1);
     }
@@ -418,7 +449,7 @@ mod tests {
     fn huge_hold_saturates_instead_of_wrapping() {
         let table = SlotTable::new(1, u64::MAX, None);
         let claim = table.try_claim(1, Ordering::Relaxed).unwrap();
-        assert_eq!(deadline(claim.word), MAX_DEADLINE);
+        assert_eq!(deadline(claim.word()), MAX_DEADLINE);
         assert_eq!(table.held(MAX_DEADLINE - 1), 1);
     }
 
