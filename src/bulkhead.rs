@@ -358,13 +358,15 @@ impl Shared {
     #[inline]
     pub(crate) fn release_permit(&self, claim: &Claim) {
         if self.slots.release(claim) {
-            self.observer.released(|| {
+            // The hold time costs a clock read: only sampled claims pay it.
+            let held = claim.sample().then(|| {
                 let held = self
                     .clock
                     .now()
                     .saturating_sub(self.slots.claimed_at(claim));
                 self.clock.duration(held)
             });
+            self.observer.released(held);
         }
         // The clock is read only if somebody is parked.
         self.waiters.after_release(&self.slots, &self.clock);

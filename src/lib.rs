@@ -71,6 +71,31 @@
 //! quota holds no slot; the breaker inside never sees saturation, which is not
 //! the dependency's fault; the timeout inside frees the slot when a call hangs.
 //!
+//! # Bytes, not only calls
+//!
+//! A count of calls bounds no bytes: a dozen admitted requests can hold
+//! hundreds of megabytes if one keeps a large buffer alive.
+//! [`Config::max_bytes`] gives the bulkhead a byte budget beside its slots;
+//! [`Bulkhead::try_acquire_bytes`] takes a slot and its bytes together, or
+//! neither. The `http` feature's `http::HttpConcurrencyLayer` reserves a
+//! request's `Content-Length` before its body is read.
+//!
+//! # Watching it
+//!
+//! [`Bulkhead::status`] is a snapshot (state now, lifetime totals, windows
+//! from a minute to a day); [`Config::on_event`] sees every [`Event`]; the
+//! `metrics` and `tracing` features report through those facades.
+//!
+//! # Features
+//!
+//! | feature | what it adds |
+//! | --- | --- |
+//! | `http` | `http::HttpConcurrencyLayer`: `503` with `Retry-After`, slots held until the response body ends, a byte budget reserved before the request body is read |
+//! | `axum` | `IntoResponse` for [`ServiceSaturated`] (implies `http`) |
+//! | `metrics` | `tower_inflight_*` counters, gauges and histograms through the `metrics` facade |
+//! | `tracing` | a debug event per rejection, a warning per reclaimed slot |
+//! | `serde` | [`Status`] is `Serialize` |
+//!
 //! [tower]: https://docs.rs/tower
 
 #![forbid(unsafe_code)]

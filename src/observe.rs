@@ -66,13 +66,15 @@ impl Observer {
         let _ = took_over;
     }
 
-    /// A slot was released by its holder after `held`, if known.
+    /// A slot was released by its holder, after `held` if it was measured.
     #[inline]
-    pub(crate) fn released(&self, held: impl FnOnce() -> Duration) {
+    pub(crate) fn released(&self, held: Option<Duration>) {
         #[cfg(feature = "metrics")]
         {
             self.metrics.in_flight.decrement(1.0);
-            self.metrics.hold_seconds.record(held().as_secs_f64());
+            if let Some(held) = held {
+                self.metrics.hold_seconds.record(held.as_secs_f64());
+            }
         }
         let _ = held;
     }

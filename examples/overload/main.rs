@@ -283,7 +283,6 @@ async fn grid(options: &Options, variant: Variant, measured: Duration, capacity:
             options,
             variant,
             load,
-            rate,
             seconds,
             capacity,
             measured,
@@ -302,7 +301,6 @@ fn row(
     options: &Options,
     variant: Variant,
     load: f64,
-    rate: f64,
     seconds: Duration,
     capacity: f64,
     measured: Duration,
@@ -310,7 +308,13 @@ fn row(
     dependency: &Dependency,
 ) -> Row {
     let ok = stats::count(outcomes, Status::Ok);
-    let achieved = ok as f64 / seconds.as_secs_f64();
+    // Over the time it took to serve them: a queueing limiter is still
+    // answering long after the last arrival.
+    let served_in = outcomes
+        .iter()
+        .map(Outcome::finished)
+        .fold(seconds.as_secs_f64(), f64::max);
+    let achieved = ok as f64 / served_in;
     let mut ok_latencies = stats::latencies(outcomes, Status::Ok);
     let mut shed_latencies: Vec<Duration> = outcomes
         .iter()
@@ -322,10 +326,15 @@ fn row(
     } else {
         Duration::ZERO
     };
+    // The floor at the load really offered: the generator's timer rounds it
+    // a little off the nominal rate.
+    let offered = outcomes.len() as f64 / seconds.as_secs_f64();
     let floor = match (options.arrivals, patience.is_zero()) {
-        (Arrivals::Poisson, true) => stats::erlang_b(rate * measured.as_secs_f64(), options.limit),
+        (Arrivals::Poisson, true) => {
+            stats::erlang_b(offered * measured.as_secs_f64(), options.limit)
+        }
         _ => stats::fifo_floor(
-            rate,
+            offered,
             measured,
             options.limit,
             patience,
@@ -336,7 +345,7 @@ fn row(
     Row {
         variant,
         load,
-        offered: outcomes.len() as f64 / seconds.as_secs_f64(),
+        offered,
         achieved,
         shed: 100.0 * (outcomes.len() - ok) as f64 / outcomes.len().max(1) as f64,
         goodput: 100.0 * achieved / capacity,

@@ -18,7 +18,7 @@ use tower::limit::{ConcurrencyLimitLayer, GlobalConcurrencyLimitLayer};
 use tower::load_shed::LoadShedLayer;
 use tower::{BoxError, Layer, ServiceBuilder};
 use tower_inflight::http::HttpConcurrencyLayer;
-use tower_inflight::Config;
+use tower_inflight::{ConcurrencyLayer, Config};
 use tower_resilience_bulkhead::{BulkheadLayer, BulkheadServiceError};
 
 /// What the handler stands in for: a dependency taking `service_us` a call.
@@ -95,16 +95,18 @@ pub(crate) enum Variant {
     TowerShed,
     Resilience,
     Ours,
+    OursGeneric,
     OursWait,
 }
 
 impl Variant {
-    pub(crate) const ALL: [Variant; 6] = [
+    pub(crate) const ALL: [Variant; 7] = [
         Variant::NoLimit,
         Variant::TowerQueue,
         Variant::TowerShed,
         Variant::Resilience,
         Variant::Ours,
+        Variant::OursGeneric,
         Variant::OursWait,
     ];
 
@@ -115,12 +117,16 @@ impl Variant {
             Variant::TowerShed => "tower GlobalConcurrencyLimit+LoadShed",
             Variant::Resilience => "tower-resilience-bulkhead",
             Variant::Ours => "tower-inflight",
+            Variant::OursGeneric => "tower-inflight generic layer",
             Variant::OursWait => "tower-inflight wait=1 service",
         }
     }
 
     pub(crate) fn is_ours(self) -> bool {
-        matches!(self, Variant::Ours | Variant::OursWait)
+        matches!(
+            self,
+            Variant::Ours | Variant::OursGeneric | Variant::OursWait
+        )
     }
 
     /// The app: the handler behind this variant's limiter, behind a counter
@@ -155,6 +161,14 @@ impl Variant {
                     ),
             ),
             Variant::Ours => route.layer(HttpConcurrencyLayer::new(ours(limit))),
+            // The generic layer behind `HandleErrorLayer`, as the tower peers
+            // are: it frees the slot when the handler's future completes,
+            // where the HTTP layer holds it until the response body ends.
+            Variant::OursGeneric => route.layer(
+                ServiceBuilder::new()
+                    .layer(HandleErrorLayer::new(overloaded::<BoxError>))
+                    .layer(ConcurrencyLayer::new(ours(limit))),
+            ),
             Variant::OursWait => {
                 route.layer(HttpConcurrencyLayer::new(ours(limit).wait(service_time)))
             }
