@@ -73,13 +73,19 @@ impl Future for Acquire {
             match this.state.as_mut().project() {
                 StateProj::Arriving => {
                     let shared = &**this.shared;
-                    if let Some(claim) = shared.try_claim() {
-                        this.state.set(State::Done);
-                        return Poll::Ready(Ok(Permit::new(this.shared.clone(), claim)));
-                    }
-                    let Some(wait) = shared.config().wait else {
-                        this.state.set(State::Done);
-                        return Poll::Ready(Err(shared.saturated(ShedReason::LimitReached)));
+                    let reason = match shared.try_claim() {
+                        Ok(claim) => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(Ok(Permit::new(this.shared.clone(), claim)));
+                        }
+                        Err(reason) => reason,
+                    };
+                    let wait = match shared.config().wait {
+                        Some(wait) if reason == ShedReason::LimitReached => wait,
+                        _ => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(Err(shared.saturated(reason)));
+                        }
                     };
                     let arrival = shared.waiters().arrive(
                         shared.slots(),
@@ -94,6 +100,10 @@ impl Future for Acquire {
                         Arrival::QueueFull => {
                             this.state.set(State::Done);
                             return Poll::Ready(Err(shared.saturated(ShedReason::TooManyWaiting)));
+                        }
+                        Arrival::Closed => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(Err(shared.saturated(ShedReason::Closed)));
                         }
                         Arrival::Parked(node) => {
                             shared
@@ -112,10 +122,14 @@ impl Future for Acquire {
                 }
                 StateProj::Parked { place, budget } => {
                     let shared = &place.shared;
-                    if let Poll::Ready(claim) = shared.waiters().poll_granted(&place.node, cx) {
-                        place.record(true);
+                    if let Poll::Ready(outcome) = shared.waiters().poll_granted(&place.node, cx) {
+                        place.record(outcome.is_ok());
+                        let outcome = match outcome {
+                            Ok(claim) => Ok(Permit::new(this.shared.clone(), claim)),
+                            Err(reason) => Err(place.shared.saturated(reason)),
+                        };
                         this.state.set(State::Done);
-                        return Poll::Ready(Ok(Permit::new(this.shared.clone(), claim)));
+                        return Poll::Ready(outcome);
                     }
                     ready!(budget.poll(cx));
                     let granted =

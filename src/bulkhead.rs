@@ -11,6 +11,7 @@ use crate::status::{Rollups, Status, Totals};
 use crate::sync::{Arc, Ordering};
 use crate::waiters::Waiters;
 use std::fmt;
+use std::time::Duration;
 
 /// A cap on how many calls are in flight at once, shared by every clone.
 ///
@@ -102,8 +103,8 @@ impl Bulkhead {
     #[inline]
     pub fn try_acquire(&self) -> Result<Permit, ServiceSaturated> {
         match self.shared.try_claim() {
-            Some(claim) => Ok(Permit::new(self.shared.clone(), claim)),
-            None => Err(self.shared.saturated(ShedReason::LimitReached)),
+            Ok(claim) => Ok(Permit::new(self.shared.clone(), claim)),
+            Err(reason) => Err(self.shared.saturated(reason)),
         }
     }
 
@@ -269,6 +270,63 @@ impl Bulkhead {
         }
     }
 
+    /// Refuses every new call from now on with [`ShedReason::Closed`], and
+    /// turns away the callers waiting now with the same reason; calls in
+    /// flight finish as usual. For a graceful shutdown: close, then
+    /// [`drain`](Self::drain). There is no reopening: build a new bulkhead.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_inflight::{Bulkhead, Config, ShedReason};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let bulkhead = Bulkhead::new(Config::new(4, Duration::from_secs(30)));
+    /// let in_flight = bulkhead.try_acquire().unwrap();
+    /// bulkhead.close();
+    /// assert_eq!(bulkhead.try_acquire().unwrap_err().reason(), ShedReason::Closed);
+    ///
+    /// tokio::spawn(async move {
+    ///     tokio::time::sleep(Duration::from_millis(100)).await;
+    ///     drop(in_flight); // the call in flight finishes
+    /// });
+    /// bulkhead.drain(Duration::from_secs(5)).await.unwrap();
+    /// assert_eq!(bulkhead.in_flight(), 0);
+    /// # }
+    /// ```
+    pub fn close(&self) {
+        self.shared.waiters.close();
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.shared.waiters.is_closed()
+    }
+
+    /// Turns away every caller waiting for a slot now, with
+    /// [`ShedReason::Cancelled`]; callers arriving later wait as usual.
+    pub fn cancel_waiting(&self) {
+        self.shared.waiters.cancel();
+    }
+
+    /// Resolves once no call is in flight and nobody is waiting, or fails
+    /// with [`DrainTimedOut`] after `timeout`. It does not stop new calls:
+    /// [`close`](Self::close) first for that. Needs a Tokio runtime with its
+    /// time driver; it checks every millisecond.
+    pub async fn drain(&self, timeout: Duration) -> Result<(), DrainTimedOut> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let (in_flight, waiting) = (self.in_flight(), self.waiting());
+            if in_flight == 0 && waiting == 0 {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(DrainTimedOut { in_flight, waiting });
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
     /// The bulkhead's name, if its configuration gave it one.
     pub fn name(&self) -> Option<&str> {
         self.shared.config.name.as_deref()
@@ -302,20 +360,26 @@ impl Bulkhead {
 }
 
 impl Shared {
-    /// The fast path: one load to see that nobody is parked, one clock read,
-    /// one compare-and-exchange on a free slot.
+    /// The fast path: one load to see that nobody is parked (and that the
+    /// bulkhead is open), one clock read, one compare-and-exchange on a free
+    /// slot.
     #[inline]
-    pub(crate) fn try_claim(&self) -> Option<Claim> {
+    pub(crate) fn try_claim(&self) -> Result<Claim, ShedReason> {
         let now = self.clock.now();
-        if self.waiters.parked() == 0 {
+        if self.waiters.quiet() {
             if let Some(claim) = self.slots.try_claim(now, Ordering::Relaxed) {
-                return Some(claim);
+                return Ok(claim);
             }
-            if self.waiters.parked() == 0 {
-                return None;
+            if self.waiters.quiet() {
+                return Err(ShedReason::LimitReached);
             }
         }
-        self.waiters.claim_behind_parked(&self.slots, now)
+        if self.waiters.is_closed() {
+            return Err(ShedReason::Closed);
+        }
+        self.waiters
+            .claim_behind_parked(&self.slots, now)
+            .ok_or(ShedReason::LimitReached)
     }
 
     /// Called for every permit made, in `Permit::new`.
@@ -456,6 +520,27 @@ impl Shared {
         self.clock.now()
     }
 }
+
+/// [`Bulkhead::drain`] ran out of time with calls still in flight or waiting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DrainTimedOut {
+    /// Calls still in flight when the time ran out.
+    pub in_flight: usize,
+    /// Callers still waiting when the time ran out.
+    pub waiting: usize,
+}
+
+impl fmt::Display for DrainTimedOut {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "bulkhead did not drain in time: {} in flight, {} waiting",
+            self.in_flight, self.waiting
+        )
+    }
+}
+
+impl std::error::Error for DrainTimedOut {}
 
 impl fmt::Debug for Bulkhead {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -52,11 +52,16 @@ pub enum ShedReason {
     /// ([`Config::max_bytes`](crate::Config::max_bytes)) was not; the slot
     /// was given back.
     Bytes,
+    /// The bulkhead was [closed](crate::Bulkhead::close).
+    Closed,
+    /// The caller was waiting when its waiters were
+    /// [cancelled](crate::Bulkhead::cancel_waiting).
+    Cancelled,
 }
 
 impl ShedReason {
     /// How many reasons there are, for tables indexed by reason.
-    pub(crate) const COUNT: usize = 4;
+    pub(crate) const COUNT: usize = 6;
 
     /// Every reason, in the order of [`index`](Self::index).
     #[cfg(feature = "metrics")]
@@ -65,6 +70,8 @@ impl ShedReason {
         ShedReason::WaitExpired,
         ShedReason::TooManyWaiting,
         ShedReason::Bytes,
+        ShedReason::Closed,
+        ShedReason::Cancelled,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -73,6 +80,8 @@ impl ShedReason {
             ShedReason::WaitExpired => 1,
             ShedReason::TooManyWaiting => 2,
             ShedReason::Bytes => 3,
+            ShedReason::Closed => 4,
+            ShedReason::Cancelled => 5,
         }
     }
 
@@ -83,6 +92,8 @@ impl ShedReason {
             ShedReason::WaitExpired => "wait_expired",
             ShedReason::TooManyWaiting => "too_many_waiting",
             ShedReason::Bytes => "bytes",
+            ShedReason::Closed => "closed",
+            ShedReason::Cancelled => "cancelled",
         }
     }
 }
@@ -94,6 +105,8 @@ impl fmt::Display for ShedReason {
             ShedReason::WaitExpired => "no slot came free within the wait budget",
             ShedReason::TooManyWaiting => "too many callers already waiting",
             ShedReason::Bytes => "the byte budget is spent",
+            ShedReason::Closed => "the bulkhead is closed",
+            ShedReason::Cancelled => "waiting was cancelled",
         })
     }
 }

@@ -126,7 +126,7 @@ mod sync;
 mod waiters;
 
 pub use acquire::Acquire;
-pub use bulkhead::Bulkhead;
+pub use bulkhead::{Bulkhead, DrainTimedOut};
 pub use clock::ManualClock;
 pub use config::{Config, ConfigError};
 pub use error::{ServiceSaturated, ShedReason};

@@ -158,7 +158,7 @@ fn loom_a_waiter_never_parks_beside_a_freed_slot() {
         let got_slot = match &arrival {
             Arrival::Admitted(_) => true,
             Arrival::Parked(node) => node.is_granted(),
-            Arrival::QueueFull => false,
+            Arrival::QueueFull | Arrival::Closed => false,
         };
         assert!(got_slot, "the waiter parked although the slot came free");
         assert_eq!(waiters.parked(), 0);

@@ -95,7 +95,10 @@ impl Observer {
 
     pub(crate) fn rejected(&self, reason: ShedReason, limit: usize) {
         self.rejected[reason.index()].fetch_add(1, Ordering::Relaxed);
-        if reason != ShedReason::Bytes {
+        if matches!(
+            reason,
+            ShedReason::LimitReached | ShedReason::WaitExpired | ShedReason::TooManyWaiting
+        ) {
             // Shed for want of a slot: every slot was held.
             self.rollups.see_in_flight(limit);
         }
@@ -152,6 +155,8 @@ impl Observer {
             rejected_wait_expired: rejected(ShedReason::WaitExpired),
             rejected_too_many_waiting: rejected(ShedReason::TooManyWaiting),
             rejected_bytes: rejected(ShedReason::Bytes),
+            rejected_closed: rejected(ShedReason::Closed),
+            rejected_cancelled: rejected(ShedReason::Cancelled),
             reclaimed: self.reclaimed.load(Ordering::Relaxed),
             waits: self.waits.load(Ordering::Relaxed),
             wait_time: Duration::from_nanos(self.wait_nanos.load(Ordering::Relaxed)),

@@ -61,6 +61,10 @@ pub struct Totals {
     pub rejected_too_many_waiting: u64,
     /// Calls shed because their bytes did not fit the byte budget.
     pub rejected_bytes: u64,
+    /// Calls refused because the bulkhead was closed.
+    pub rejected_closed: u64,
+    /// Waiting callers turned away by `cancel_waiting`.
+    pub rejected_cancelled: u64,
     /// Slots taken over after their holder kept them past `reclaim_after`.
     pub reclaimed: u64,
     /// Callers that waited for a slot (admitted or not).
@@ -87,6 +91,8 @@ impl Totals {
             rejected_too_many_waiting: self.rejected_too_many_waiting
                 - earlier.rejected_too_many_waiting,
             rejected_bytes: self.rejected_bytes - earlier.rejected_bytes,
+            rejected_closed: self.rejected_closed - earlier.rejected_closed,
+            rejected_cancelled: self.rejected_cancelled - earlier.rejected_cancelled,
             reclaimed: self.reclaimed - earlier.reclaimed,
             waits: self.waits - earlier.waits,
             wait_time: self.wait_time.saturating_sub(earlier.wait_time),

@@ -11,14 +11,20 @@
 //! dispatcher skips it for free.
 
 use crate::clock::Clock;
+use crate::error::ShedReason;
 use crate::slots::{Claim, SlotTable};
 use crate::sync::{lock, loom_seqcst_fence, Arc, AtomicUsize, Mutex, Ordering};
 use std::collections::VecDeque;
 use std::task::{Context, Poll, Waker};
 
+/// Set in `parked` once the bulkhead is closed, so that the fast path's one
+/// load sees it: every arrival then takes the slow path and is refused.
+const CLOSED: usize = 1 << (usize::BITS - 1);
+
 #[derive(Debug, Default)]
 pub(crate) struct Waiters {
-    /// How many nodes in `queue` are `Parked`. Written only under the lock.
+    /// How many nodes in `queue` are `Parked` (and `CLOSED`). Written only
+    /// under the lock.
     parked: AtomicUsize,
     queue: Mutex<VecDeque<Arc<Node>>>,
 }
@@ -34,6 +40,9 @@ enum NodeState {
     Parked(Option<Waker>),
     /// A slot was claimed for this caller and is its to take.
     Granted(Claim),
+    /// Turned away while parked: the bulkhead was closed, or its waiters
+    /// cancelled.
+    Refused(ShedReason),
     /// Taken, expired or cancelled.
     Done,
 }
@@ -44,6 +53,7 @@ pub(crate) enum Arrival {
     Admitted(Claim),
     Parked(Arc<Node>),
     QueueFull,
+    Closed,
 }
 
 impl Node {
@@ -59,7 +69,49 @@ impl Waiters {
     /// caller that misses a parked neighbour arrived, in effect, before it.
     #[inline]
     pub(crate) fn parked(&self) -> usize {
-        self.parked.load(Ordering::Relaxed)
+        self.parked.load(Ordering::Relaxed) & !CLOSED
+    }
+
+    /// Nobody parked and not closed: the fast path may go ahead.
+    #[inline]
+    pub(crate) fn quiet(&self) -> bool {
+        self.parked.load(Ordering::Relaxed) == 0
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.parked.load(Ordering::SeqCst) & CLOSED != 0
+    }
+
+    fn count(&self) -> usize {
+        self.parked.load(Ordering::SeqCst) & !CLOSED
+    }
+
+    /// Refuses every arrival from now on, and every caller parked now.
+    pub(crate) fn close(&self) {
+        let mut queue = lock(&self.queue);
+        self.parked.fetch_or(CLOSED, Ordering::SeqCst);
+        self.refuse_parked(&mut queue, ShedReason::Closed);
+    }
+
+    /// Refuses every caller parked now.
+    pub(crate) fn cancel(&self) {
+        let mut queue = lock(&self.queue);
+        self.refuse_parked(&mut queue, ShedReason::Cancelled);
+    }
+
+    fn refuse_parked(&self, queue: &mut VecDeque<Arc<Node>>, reason: ShedReason) {
+        for node in queue.drain(..) {
+            let mut state = lock(&node.state);
+            if let NodeState::Parked(waker) = &mut *state {
+                let waker = waker.take();
+                *state = NodeState::Refused(reason);
+                self.parked.fetch_sub(1, Ordering::SeqCst);
+                drop(state);
+                if let Some(waker) = waker {
+                    waker.wake();
+                }
+            }
+        }
     }
 
     /// Called after a slot is freed: hands free slots to parked callers. The
@@ -68,7 +120,7 @@ impl Waiters {
     #[inline]
     pub(crate) fn after_release(&self, slots: &SlotTable, clock: &Clock) {
         loom_seqcst_fence();
-        if self.parked.load(Ordering::SeqCst) > 0 {
+        if self.count() > 0 {
             self.dispatch(&mut lock(&self.queue), slots, clock.now());
         }
     }
@@ -79,6 +131,7 @@ impl Waiters {
         let mut queue = lock(&self.queue);
         self.dispatch(&mut queue, slots, now);
         if self.parked.load(Ordering::SeqCst) == 0 {
+            // Nobody parked, and not closed.
             slots.try_claim(now, Ordering::SeqCst)
         } else {
             None
@@ -90,8 +143,11 @@ impl Waiters {
     /// callers already are).
     pub(crate) fn arrive(&self, slots: &SlotTable, now: u64, max_parked: Option<usize>) -> Arrival {
         let mut queue = lock(&self.queue);
+        if self.is_closed() {
+            return Arrival::Closed;
+        }
         self.dispatch(&mut queue, slots, now);
-        let parked = self.parked.load(Ordering::SeqCst);
+        let parked = self.count();
         if parked == 0 {
             if let Some(claim) = slots.try_claim(now, Ordering::SeqCst) {
                 return Arrival::Admitted(claim);
@@ -114,17 +170,17 @@ impl Waiters {
 
     /// Hands free slots to parked callers, oldest first, until either runs out.
     fn dispatch(&self, queue: &mut VecDeque<Arc<Node>>, slots: &SlotTable, now: u64) {
-        while self.parked.load(Ordering::SeqCst) > 0 {
+        while self.count() > 0 {
             let Some(claim) = slots.try_claim(now, Ordering::SeqCst) else {
                 break;
             };
             if !self.grant_oldest(queue, claim) {
                 // `parked` and the queue disagree; never strand the slot.
                 slots.release(&claim);
-                self.parked.store(0, Ordering::SeqCst);
+                self.parked.fetch_and(CLOSED, Ordering::SeqCst);
             }
         }
-        if self.parked.load(Ordering::SeqCst) == 0 {
+        if self.count() == 0 {
             queue.clear();
         }
     }
@@ -148,13 +204,22 @@ impl Waiters {
 
     /// The caller behind `node` checks for its slot, leaving its waker to be
     /// woken by if none has come yet.
-    pub(crate) fn poll_granted(&self, node: &Node, cx: &mut Context<'_>) -> Poll<Claim> {
+    pub(crate) fn poll_granted(
+        &self,
+        node: &Node,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Claim, ShedReason>> {
         let mut state = lock(&node.state);
         match &mut *state {
             NodeState::Granted(claim) => {
                 let claim = *claim;
                 *state = NodeState::Done;
-                Poll::Ready(claim)
+                Poll::Ready(Ok(claim))
+            }
+            NodeState::Refused(reason) => {
+                let reason = *reason;
+                *state = NodeState::Done;
+                Poll::Ready(Err(reason))
             }
             NodeState::Parked(waker) => {
                 match waker {
@@ -192,7 +257,7 @@ impl Waiters {
                 self.drop_finished_front(&mut queue);
                 None
             }
-            NodeState::Done => None,
+            NodeState::Refused(_) | NodeState::Done => None,
         }
     }
 
@@ -200,7 +265,7 @@ impl Waiters {
     /// sit at the front: pop them now rather than let the queue grow while no
     /// slot comes free.
     fn drop_finished_front(&self, queue: &mut VecDeque<Arc<Node>>) {
-        if self.parked.load(Ordering::SeqCst) == 0 {
+        if self.count() == 0 {
             queue.clear();
             return;
         }
