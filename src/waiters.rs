@@ -101,17 +101,25 @@ impl Waiters {
 
     fn refuse_parked(&self, queue: &mut VecDeque<Arc<Node>>, reason: ShedReason) {
         for node in queue.drain(..) {
-            let mut state = lock(&node.state);
-            if let NodeState::Parked(waker) = &mut *state {
-                let waker = waker.take();
-                *state = NodeState::Refused(reason);
-                self.parked.fetch_sub(1, Ordering::SeqCst);
-                drop(state);
-                if let Some(waker) = waker {
-                    waker.wake();
-                }
-            }
+            self.resolve(&node, NodeState::Refused(reason));
         }
+    }
+
+    /// Ends the wait of the caller behind `node` with `outcome`, and wakes
+    /// it; `false` if it was no longer parked (it gave up meanwhile).
+    fn resolve(&self, node: &Node, outcome: NodeState) -> bool {
+        let mut state = lock(&node.state);
+        let NodeState::Parked(waker) = &mut *state else {
+            return false;
+        };
+        let waker = waker.take();
+        *state = outcome;
+        self.parked.fetch_sub(1, Ordering::SeqCst);
+        drop(state);
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+        true
     }
 
     /// Called after a slot is freed: hands free slots to parked callers. The
@@ -187,15 +195,7 @@ impl Waiters {
 
     fn grant_oldest(&self, queue: &mut VecDeque<Arc<Node>>, claim: Claim) -> bool {
         while let Some(node) = queue.pop_front() {
-            let mut state = lock(&node.state);
-            if let NodeState::Parked(waker) = &mut *state {
-                let waker = waker.take();
-                *state = NodeState::Granted(claim);
-                self.parked.fetch_sub(1, Ordering::SeqCst);
-                drop(state);
-                if let Some(waker) = waker {
-                    waker.wake();
-                }
+            if self.resolve(&node, NodeState::Granted(claim)) {
                 return true;
             }
         }
