@@ -3,6 +3,7 @@
 use crate::bulkhead::Shared;
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::permit::Permit;
+use crate::saturation::{SaturationSignal, Verdict};
 use crate::sync::Arc;
 use crate::waiters::{Arrival, Node};
 use pin_project_lite::pin_project;
@@ -39,6 +40,8 @@ struct Place {
     shared: Arc<Shared>,
     node: Arc<Node>,
     since: tokio::time::Instant,
+    /// This wait is the saturation signal's probe.
+    probe: bool,
     /// Whether the end of this wait has been recorded.
     recorded: bool,
 }
@@ -51,6 +54,9 @@ impl Place {
             self.shared
                 .observer()
                 .waited(self.since.elapsed(), admitted, waiting);
+            if let Some(signal) = self.shared.saturation() {
+                signal.wait_ended(admitted, self.probe);
+            }
         }
     }
 }
@@ -87,11 +93,29 @@ impl Future for Acquire {
                             return Poll::Ready(Err(shared.saturated(reason)));
                         }
                     };
+                    // Waiting has been futile of late: shed at once, unless
+                    // this caller is the probe.
+                    let verdict = shared
+                        .saturation()
+                        .map_or(Verdict::Park, SaturationSignal::verdict);
+                    if verdict == Verdict::Skip {
+                        this.state.set(State::Done);
+                        return Poll::Ready(Err(shared.saturated(ShedReason::Saturated)));
+                    }
+                    let probe = verdict == Verdict::Probe;
                     let arrival = shared.waiters().arrive(
                         shared.slots(),
                         shared.now(),
                         shared.config().max_waiting,
                     );
+                    if probe && !matches!(arrival, Arrival::Parked(_)) {
+                        // The probe never waited: a slot was free after all
+                        // (waiting pays), or it was turned away.
+                        let admitted = matches!(arrival, Arrival::Admitted(_));
+                        if let Some(signal) = shared.saturation() {
+                            signal.wait_ended(admitted, true);
+                        }
+                    }
                     match arrival {
                         Arrival::Admitted(claim) => {
                             this.state.set(State::Done);
@@ -113,6 +137,7 @@ impl Future for Acquire {
                                 shared: this.shared.clone(),
                                 node,
                                 since: tokio::time::Instant::now(),
+                                probe,
                                 recorded: false,
                             };
                             let budget = tokio::time::sleep(wait);

@@ -6,6 +6,7 @@ use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::observe::Observer;
 use crate::permit::Permit;
+use crate::saturation::SaturationSignal;
 use crate::slots::{Claim, SlotTable};
 use crate::status::{Rollups, Status, Totals};
 use crate::sync::{Arc, Ordering};
@@ -51,6 +52,7 @@ pub(crate) struct Shared {
     clock: Clock,
     waiters: Waiters,
     observer: Observer,
+    saturation: Option<SaturationSignal>,
     config: Config,
 }
 
@@ -89,6 +91,7 @@ impl Bulkhead {
             clock,
             waiters: Waiters::default(),
             observer,
+            saturation: config.saturation_signal.map(SaturationSignal::new),
             config,
         };
         Ok(Self {
@@ -259,6 +262,10 @@ impl Bulkhead {
             in_flight,
             available: self.limit() - in_flight,
             waiting: self.waiting(),
+            saturation_signal: shared
+                .saturation
+                .as_ref()
+                .is_some_and(SaturationSignal::is_raised),
             bytes_reserved: self.bytes_reserved(),
             max_bytes: self.max_bytes(),
             totals,
@@ -448,6 +455,10 @@ impl Shared {
 
     pub(crate) fn observer(&self) -> &Observer {
         &self.observer
+    }
+
+    pub(crate) fn saturation(&self) -> Option<&SaturationSignal> {
+        self.saturation.as_ref()
     }
 
     /// Adds `bytes` to `permit`, or drops it (handing its slot on) if the

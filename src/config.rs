@@ -3,6 +3,7 @@
 use crate::bytes::MAX_BYTES;
 use crate::clock::ManualClock;
 use crate::event::{Event, Hook};
+use crate::saturation::Thresholds;
 use crate::slots::MAX_SLOTS;
 use std::{fmt, sync::Arc, time::Duration};
 
@@ -38,6 +39,7 @@ pub struct Config {
     pub(crate) clock: Option<ManualClock>,
     pub(crate) max_bytes: Option<u64>,
     pub(crate) on_event: Option<Hook>,
+    pub(crate) saturation_signal: Option<Thresholds>,
 }
 
 impl Config {
@@ -57,6 +59,7 @@ impl Config {
             clock: None,
             max_bytes: None,
             on_event: None,
+            saturation_signal: None,
         }
     }
 
@@ -99,6 +102,29 @@ impl Config {
     /// few admitted requests can hold far more memory than the rest together.
     pub fn max_bytes(mut self, max_bytes: u64) -> Self {
         self.max_bytes = Some(max_bytes);
+        self
+    }
+
+    /// Stops making callers wait when waiting has been futile: once at least
+    /// `min_waits` waits have ended within `window` and at least
+    /// `expired_ratio` of them expired, a caller that finds every slot held
+    /// is shed at once ([`ShedReason::Saturated`](crate::ShedReason::Saturated))
+    /// instead of parking. One caller at a time still parks as a probe; when
+    /// its wait succeeds, parking resumes. It never refuses a free slot: it
+    /// only skips waits that would most likely expire.
+    ///
+    /// Only matters with a [`wait`](Self::wait) budget.
+    pub fn saturation_signal(
+        mut self,
+        expired_ratio: f64,
+        min_waits: u64,
+        window: Duration,
+    ) -> Self {
+        self.saturation_signal = Some(Thresholds {
+            expired_ratio,
+            min_waits,
+            window,
+        });
         self
     }
 
@@ -159,6 +185,24 @@ impl Config {
                 "max_waiting",
                 "must be at least 1; to shed at once instead of waiting, leave `wait` unset".into(),
             ));
+        }
+        if let Some(thresholds) = self.saturation_signal {
+            if !(thresholds.expired_ratio > 0.0 && thresholds.expired_ratio <= 1.0) {
+                return Err(ConfigError::new(
+                    "saturation_signal",
+                    format!(
+                        "expired_ratio {} must be in (0, 1]",
+                        thresholds.expired_ratio
+                    ),
+                ));
+            }
+            if thresholds.min_waits == 0 || thresholds.window.is_zero() {
+                return Err(ConfigError::new(
+                    "saturation_signal",
+                    "min_waits and window must be above zero: the signal needs waits to judge by"
+                        .into(),
+                ));
+            }
         }
         match self.max_bytes {
             Some(0) => return Err(ConfigError::new(

@@ -57,11 +57,15 @@ pub enum ShedReason {
     /// The caller was waiting when its waiters were
     /// [cancelled](crate::Bulkhead::cancel_waiting).
     Cancelled,
+    /// Every slot was held and recent waits have mostly expired, so the
+    /// caller was shed at once instead of waiting
+    /// ([`Config::saturation_signal`](crate::Config::saturation_signal)).
+    Saturated,
 }
 
 impl ShedReason {
     /// How many reasons there are, for tables indexed by reason.
-    pub(crate) const COUNT: usize = 6;
+    pub(crate) const COUNT: usize = 7;
 
     /// Every reason, in the order of [`index`](Self::index).
     #[cfg(feature = "metrics")]
@@ -72,6 +76,7 @@ impl ShedReason {
         ShedReason::Bytes,
         ShedReason::Closed,
         ShedReason::Cancelled,
+        ShedReason::Saturated,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -82,6 +87,7 @@ impl ShedReason {
             ShedReason::Bytes => 3,
             ShedReason::Closed => 4,
             ShedReason::Cancelled => 5,
+            ShedReason::Saturated => 6,
         }
     }
 
@@ -94,6 +100,7 @@ impl ShedReason {
             ShedReason::Bytes => "bytes",
             ShedReason::Closed => "closed",
             ShedReason::Cancelled => "cancelled",
+            ShedReason::Saturated => "saturated",
         }
     }
 }
@@ -107,6 +114,7 @@ impl fmt::Display for ShedReason {
             ShedReason::Bytes => "the byte budget is spent",
             ShedReason::Closed => "the bulkhead is closed",
             ShedReason::Cancelled => "waiting was cancelled",
+            ShedReason::Saturated => "all slots in use, and recent waits were futile",
         })
     }
 }

@@ -119,6 +119,7 @@ mod metrics;
 mod observe;
 mod permit;
 mod readiness;
+mod saturation;
 mod service;
 mod slots;
 mod status;

@@ -97,7 +97,10 @@ impl Observer {
         self.rejected[reason.index()].fetch_add(1, Ordering::Relaxed);
         if matches!(
             reason,
-            ShedReason::LimitReached | ShedReason::WaitExpired | ShedReason::TooManyWaiting
+            ShedReason::LimitReached
+                | ShedReason::WaitExpired
+                | ShedReason::TooManyWaiting
+                | ShedReason::Saturated
         ) {
             // Shed for want of a slot: every slot was held.
             self.rollups.see_in_flight(limit);
@@ -157,6 +160,7 @@ impl Observer {
             rejected_bytes: rejected(ShedReason::Bytes),
             rejected_closed: rejected(ShedReason::Closed),
             rejected_cancelled: rejected(ShedReason::Cancelled),
+            rejected_saturated: rejected(ShedReason::Saturated),
             reclaimed: self.reclaimed.load(Ordering::Relaxed),
             waits: self.waits.load(Ordering::Relaxed),
             wait_time: Duration::from_nanos(self.wait_nanos.load(Ordering::Relaxed)),

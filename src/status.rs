@@ -28,6 +28,9 @@ pub struct Status {
     pub available: usize,
     /// Callers parked for a slot now.
     pub waiting: usize,
+    /// Whether the saturation signal is up: callers that find every slot
+    /// held are shed at once instead of waiting.
+    pub saturation_signal: bool,
     /// Bytes of the byte budget reserved now.
     pub bytes_reserved: u64,
     /// The byte budget, if there is one.
@@ -65,6 +68,8 @@ pub struct Totals {
     pub rejected_closed: u64,
     /// Waiting callers turned away by `cancel_waiting`.
     pub rejected_cancelled: u64,
+    /// Calls shed without waiting because the saturation signal was up.
+    pub rejected_saturated: u64,
     /// Slots taken over after their holder kept them past `reclaim_after`.
     pub reclaimed: u64,
     /// Callers that waited for a slot (admitted or not).
@@ -93,6 +98,7 @@ impl Totals {
             rejected_bytes: self.rejected_bytes - earlier.rejected_bytes,
             rejected_closed: self.rejected_closed - earlier.rejected_closed,
             rejected_cancelled: self.rejected_cancelled - earlier.rejected_cancelled,
+            rejected_saturated: self.rejected_saturated - earlier.rejected_saturated,
             reclaimed: self.reclaimed - earlier.reclaimed,
             waits: self.waits - earlier.waits,
             wait_time: self.wait_time.saturating_sub(earlier.wait_time),
