@@ -23,14 +23,16 @@ pub(crate) struct Observer {
 }
 
 impl Observer {
+    /// `name` and `limit` label the metrics and logs, when those features
+    /// are on.
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn new(
         name: Option<&str>,
         limit: usize,
         hook: Option<Hook>,
         rollups: Rollups,
     ) -> Self {
-        let _service = name.unwrap_or("bulkhead");
-        let _ = limit;
+        let service = name.unwrap_or("bulkhead");
         Self {
             hook,
             rejected: Default::default(),
@@ -39,9 +41,9 @@ impl Observer {
             wait_nanos: AtomicU64::new(0),
             rollups,
             #[cfg(feature = "metrics")]
-            metrics: crate::metrics::Metrics::register(_service, limit),
+            metrics: crate::metrics::Metrics::register(service, limit),
             #[cfg(feature = "tracing")]
-            service: _service.into(),
+            service: service.into(),
         }
     }
 
