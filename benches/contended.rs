@@ -13,6 +13,8 @@
 //!
 //! Run with `CARGO_TARGET_DIR=/work/target-bench cargo bench --bench contended`.
 
+mod support;
+
 use criterion::{black_box, criterion_main, Criterion};
 use std::sync::{Arc, Barrier};
 use std::thread;
@@ -91,17 +93,10 @@ fn contended(c: &mut Criterion) {
     group.finish();
 }
 
-fn config() -> Criterion {
-    Criterion::default()
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3))
-        .sample_size(30)
-}
-
 // What `criterion_group!` expands to, written out because the macro's
 // `pub fn` trips the crate's `missing_docs` lint.
 fn benches() {
-    let mut criterion = config().configure_from_args();
+    let mut criterion = support::criterion(Duration::from_secs(3));
     contended(&mut criterion);
 }
 

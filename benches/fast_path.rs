@@ -11,6 +11,8 @@
 //!
 //! Run with `CARGO_TARGET_DIR=/work/target-bench cargo bench --bench fast_path`.
 
+mod support;
+
 use criterion::{black_box, criterion_main, Criterion};
 use std::sync::Arc;
 use std::time::Duration;
@@ -89,17 +91,10 @@ fn clock(c: &mut Criterion) {
     group.finish();
 }
 
-fn config() -> Criterion {
-    Criterion::default()
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(2))
-        .sample_size(30)
-}
-
 // What `criterion_group!` expands to, written out because the macro's
 // `pub fn` trips the crate's `missing_docs` lint.
 fn benches() {
-    let mut criterion = config().configure_from_args();
+    let mut criterion = support::criterion(Duration::from_secs(2));
     try_acquire_drop(&mut criterion);
     shed(&mut criterion);
     clock(&mut criterion);

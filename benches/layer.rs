@@ -18,38 +18,20 @@
 //!
 //! Run with `CARGO_TARGET_DIR=/work/target-bench cargo bench --bench layer`.
 
+mod support;
+
 use criterion::measurement::WallTime;
 use criterion::{black_box, criterion_main, BenchmarkGroup, Criterion};
 use futures_util::FutureExt;
-use std::convert::Infallible;
 use std::fmt::Debug;
-use std::future::{ready, Ready};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+use support::Echo;
 use tower::limit::{ConcurrencyLimitLayer, GlobalConcurrencyLimitLayer};
 use tower::{Layer, Service, ServiceExt};
 use tower_inflight::{ConcurrencyLayer, Config};
 use tower_resilience_bulkhead::BulkheadLayer;
 
 const LIMIT: usize = 25;
-
-/// The inner service: always ready, answers with its request at once.
-#[derive(Clone, Copy, Debug)]
-struct Echo;
-
-impl Service<u64> for Echo {
-    type Response = u64;
-    type Error = Infallible;
-    type Future = Ready<Result<u64, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: u64) -> Self::Future {
-        ready(Ok(request))
-    }
-}
 
 fn ours() -> ConcurrencyLayer {
     ConcurrencyLayer::new(Config::new(LIMIT, Duration::from_secs(30)))
@@ -173,17 +155,10 @@ fn layer_round_trip_no_runtime(c: &mut Criterion) {
     group.finish();
 }
 
-fn config() -> Criterion {
-    Criterion::default()
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(2))
-        .sample_size(30)
-}
-
 // What `criterion_group!` expands to, written out because the macro's
 // `pub fn` trips the crate's `missing_docs` lint.
 fn benches() {
-    let mut criterion = config().configure_from_args();
+    let mut criterion = support::criterion(Duration::from_secs(2));
     layer_round_trip(&mut criterion);
     layer_round_trip_no_runtime(&mut criterion);
 }

@@ -6,33 +6,16 @@
 //!
 //! Run with `cargo bench --bench observability --features metrics`.
 
+mod support;
+
 use criterion::{black_box, criterion_main, Criterion};
 use futures_util::FutureExt;
-use std::convert::Infallible;
-use std::future::{ready, Ready};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
+use support::Echo;
 use tower::{Layer, Service, ServiceExt};
 use tower_inflight::{ConcurrencyLayer, Config};
-
-#[derive(Clone, Copy, Debug)]
-struct Echo;
-
-impl Service<u64> for Echo {
-    type Response = u64;
-    type Error = Infallible;
-    type Future = Ready<Result<u64, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: u64) -> Self::Future {
-        ready(Ok(request))
-    }
-}
 
 fn config() -> Config {
     Config::new(25, Duration::from_secs(30)).name("bench")
@@ -60,11 +43,7 @@ where
 }
 
 fn benches() {
-    let mut criterion = Criterion::default()
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(2))
-        .sample_size(30)
-        .configure_from_args();
+    let mut criterion = support::criterion(Duration::from_secs(2));
 
     round_trips(
         &mut criterion,

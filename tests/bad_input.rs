@@ -7,6 +7,10 @@
 
 #![cfg(feature = "axum")]
 
+mod support;
+
+use support::{assert_all_returned, eventually};
+
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::routing::{get, post};
@@ -82,25 +86,6 @@ async fn serve() -> Server {
         bulkhead,
         gate,
     }
-}
-
-/// Waits (up to a generous bound) until `condition` holds.
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    for _ in 0..500 {
-        if condition() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("never happened: {what}");
-}
-
-async fn assert_all_returned(bulkhead: &Bulkhead) {
-    eventually("slots and bytes return to zero", || {
-        bulkhead.in_flight() == 0 && bulkhead.bytes_reserved() == 0
-    })
-    .await;
-    assert_eq!(bulkhead.waiting(), 0);
 }
 
 /// Sends `request` on a fresh connection and reads the status of the

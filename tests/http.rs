@@ -1,5 +1,9 @@
 //! The HTTP layer against a real axum server on 127.0.0.1 and a real client.
 
+mod support;
+
+use support::{assert_all_returned, eventually};
+
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::routing::{get, post};
@@ -116,24 +120,6 @@ fn upload_req(addr: SocketAddr, path: &str, len: usize) -> Request<Full<Bytes>> 
     Request::post(format!("http://{addr}{path}"))
         .body(Full::new(Bytes::from(vec![b'x'; len])))
         .unwrap()
-}
-
-/// Waits (up to a generous bound) until `condition` holds.
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    for _ in 0..500 {
-        if condition() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("never happened: {what}");
-}
-
-async fn assert_all_returned(bulkhead: &Bulkhead) {
-    eventually("slots and bytes return to zero", || {
-        bulkhead.in_flight() == 0 && bulkhead.bytes_reserved() == 0
-    })
-    .await;
 }
 
 fn config(limit: usize) -> Config {

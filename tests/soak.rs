@@ -15,6 +15,10 @@
 //! TOWER_INFLIGHT_SOAK_CALLS=1000000 cargo test --release --all-features --test soak
 //! ```
 
+mod support;
+
+use support::{Meter, Rng};
+
 use futures_util::FutureExt;
 use std::future::Future;
 use std::pin::Pin;
@@ -59,45 +63,6 @@ fn silence_deliberate_panics() {
             }
         }));
     });
-}
-
-/// xorshift64*: a tiny deterministic generator, one per driver.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
-    }
-}
-
-/// Counts the inner service's concurrent calls and the most it ever saw.
-#[derive(Clone, Default)]
-struct Meter {
-    current: Arc<AtomicUsize>,
-    peak: Arc<AtomicUsize>,
-}
-
-struct Inside(Meter);
-
-impl Meter {
-    fn enter(&self) -> Inside {
-        let now = self.current.fetch_add(1, Ordering::SeqCst) + 1;
-        self.peak.fetch_max(now, Ordering::SeqCst);
-        Inside(self.clone())
-    }
-}
-
-impl Drop for Inside {
-    fn drop(&mut self) {
-        self.0.current.fetch_sub(1, Ordering::SeqCst);
-    }
 }
 
 /// What the inner service is asked to do.

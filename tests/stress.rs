@@ -2,6 +2,10 @@
 //! can end early. Whatever happens, the inner service never sees more than
 //! `limit` calls at once, and at the end nothing is held and nobody waits.
 
+mod support;
+
+use support::{Meter, Rng};
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,50 +20,6 @@ const RECLAIM: Duration = Duration::from_secs(120);
 const LIMIT: usize = 4;
 const TASKS: u64 = 32;
 const CALLS_PER_TASK: u64 = 200;
-
-/// xorshift64*: a tiny deterministic generator, one per task.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
-    }
-}
-
-/// Counts the inner service's concurrent calls and the most it ever saw.
-#[derive(Clone, Default)]
-struct Meter {
-    current: Arc<AtomicUsize>,
-    peak: Arc<AtomicUsize>,
-    completed: Arc<AtomicUsize>,
-}
-
-struct Inside(Meter);
-
-impl Meter {
-    fn enter(&self) -> Inside {
-        let now = self.current.fetch_add(1, Ordering::SeqCst) + 1;
-        self.peak.fetch_max(now, Ordering::SeqCst);
-        Inside(self.clone())
-    }
-
-    fn peak(&self) -> usize {
-        self.peak.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for Inside {
-    fn drop(&mut self) {
-        self.0.current.fetch_sub(1, Ordering::SeqCst);
-    }
-}
 
 /// The inner service: the request says how long to work, in yields (or, past
 /// 1000, a real sleep of that many microseconds minus 1000).

@@ -1,0 +1,41 @@
+//! What the benches share: the always-ready inner service and criterion's
+//! settings (short, for a 2-core machine).
+
+// Each bench uses its own part of this module.
+#![allow(dead_code)]
+
+use criterion::Criterion;
+use std::convert::Infallible;
+use std::future::{ready, Ready};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tower::Service;
+
+/// The inner service: always ready, answers with its request at once, so
+/// that what is measured is the layer's own overhead.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Echo;
+
+impl Service<u64> for Echo {
+    type Response = u64;
+    type Error = Infallible;
+    type Future = Ready<Result<u64, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: u64) -> Self::Future {
+        ready(Ok(request))
+    }
+}
+
+/// Criterion with one second of warm-up, `measurement` of measuring and 30
+/// samples, and the command line's options on top.
+pub(crate) fn criterion(measurement: Duration) -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(measurement)
+        .sample_size(30)
+        .configure_from_args()
+}
