@@ -429,8 +429,9 @@ impl Shared {
     #[inline]
     pub(crate) fn release_permit(&self, claim: &Claim) {
         if self.slots.release(claim) {
-            // The hold time costs a clock read: only sampled claims pay it.
-            let held = claim.sample().then(|| {
+            // The hold time costs a clock read: only sampled claims pay it,
+            // and only for the metrics that record it.
+            let held = (cfg!(feature = "metrics") && claim.sample()).then(|| {
                 let held = self
                     .clock
                     .now()

@@ -47,6 +47,7 @@ impl Observer {
         }
     }
 
+    #[inline]
     fn emit(&self, event: Event) {
         if let Some(hook) = &self.hook {
             (hook.0)(&event);

@@ -28,7 +28,17 @@ impl Readiness {
     /// Ready when there is room (taking nothing), or, with a `wait` budget
     /// and no room, once a slot is handed over or the budget is spent.
     /// Never an error: saturation is for `call` to report.
+    #[inline]
     pub(crate) fn poll_ready(&mut self, bulkhead: &Bulkhead, cx: &mut Context<'_>) -> Poll<()> {
+        if let Readiness::Idle = self {
+            if bulkhead.shared().config().wait.is_none() {
+                return Poll::Ready(());
+            }
+        }
+        self.poll_ready_slow(bulkhead, cx)
+    }
+
+    fn poll_ready_slow(&mut self, bulkhead: &Bulkhead, cx: &mut Context<'_>) -> Poll<()> {
         loop {
             match self {
                 Readiness::Idle => {
@@ -59,7 +69,15 @@ impl Readiness {
 
     /// The slot for the call being made now: the one handed over while
     /// waiting, or a free one, or the reason there is none.
+    #[inline]
     pub(crate) fn take(&mut self, bulkhead: &Bulkhead) -> Result<Permit, ServiceSaturated> {
+        if let Readiness::Idle = self {
+            return bulkhead.try_acquire();
+        }
+        self.take_decided(bulkhead)
+    }
+
+    fn take_decided(&mut self, bulkhead: &Bulkhead) -> Result<Permit, ServiceSaturated> {
         match std::mem::take(self) {
             Readiness::Admitted(permit) => Ok(permit),
             Readiness::Shed(shed) => Err(shed),

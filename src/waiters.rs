@@ -82,6 +82,7 @@ impl Waiters {
         self.parked.load(Ordering::SeqCst) & CLOSED != 0
     }
 
+    #[inline]
     fn count(&self) -> usize {
         self.parked.load(Ordering::SeqCst) & !CLOSED
     }
