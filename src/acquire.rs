@@ -20,6 +20,7 @@ pin_project! {
     #[must_use = "futures do nothing unless polled"]
     pub struct Acquire {
         shared: Arc<Shared>,
+        priority: i32,
         #[pin]
         state: State,
     }
@@ -62,9 +63,10 @@ impl Place {
 }
 
 impl Acquire {
-    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, priority: i32) -> Self {
         Self {
             shared,
+            priority,
             state: State::Arriving,
         }
     }
@@ -107,6 +109,7 @@ impl Future for Acquire {
                         shared.slots(),
                         shared.now(),
                         shared.config().max_waiting,
+                        *this.priority,
                     );
                     if probe && !matches!(arrival, Arrival::Parked(_)) {
                         // The probe never waited: a slot was free after all

@@ -89,7 +89,7 @@ impl Bulkhead {
                 config.max_bytes,
             ),
             clock,
-            waiters: Waiters::default(),
+            waiters: Waiters::new(config.queue_order),
             observer,
             saturation: config.saturation_signal.map(SaturationSignal::new),
             config,
@@ -147,7 +147,44 @@ impl Bulkhead {
     /// # }
     /// ```
     pub fn acquire(&self) -> Acquire {
-        Acquire::new(self.shared.clone())
+        Acquire::new(self.shared.clone(), 0)
+    }
+
+    /// [`acquire`](Self::acquire) with a priority for the line of waiting
+    /// callers: with a [`QueueOrder`](crate::QueueOrder) that looks at
+    /// priorities, the lower the value, the sooner the slot (0 is what
+    /// `acquire` uses). A priority never lets a caller take a slot while
+    /// others wait: it only orders the line.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_inflight::{Bulkhead, Config, QueueOrder};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let bulkhead = Bulkhead::new(
+    ///     Config::new(1, Duration::from_secs(30))
+    ///         .wait(Duration::from_millis(100))
+    ///         .queue_order(QueueOrder::PriorityFifo),
+    /// );
+    /// let held = bulkhead.try_acquire().unwrap();
+    /// let batch = tokio::spawn({
+    ///     let bulkhead = bulkhead.clone();
+    ///     async move { bulkhead.acquire_with_priority(10).await.is_ok() }
+    /// });
+    /// tokio::task::yield_now().await;
+    /// let interactive = tokio::spawn({
+    ///     let bulkhead = bulkhead.clone();
+    ///     async move { bulkhead.acquire_with_priority(0).await.map(|_| ()).is_ok() }
+    /// });
+    /// tokio::task::yield_now().await;
+    /// drop(held); // the interactive call, though it came later, goes first
+    /// assert!(interactive.await.unwrap());
+    /// assert!(batch.await.unwrap());
+    /// # }
+    /// ```
+    pub fn acquire_with_priority(&self, priority: i32) -> Acquire {
+        Acquire::new(self.shared.clone(), priority)
     }
 
     /// Takes a slot and `bytes` of the byte budget together, or neither;

@@ -3,6 +3,7 @@
 use crate::bytes::MAX_BYTES;
 use crate::clock::ManualClock;
 use crate::event::{Event, Hook};
+use crate::line::QueueOrder;
 use crate::saturation::Thresholds;
 use crate::slots::MAX_SLOTS;
 use std::{fmt, sync::Arc, time::Duration};
@@ -40,6 +41,7 @@ pub struct Config {
     pub(crate) max_bytes: Option<u64>,
     pub(crate) on_event: Option<Hook>,
     pub(crate) saturation_signal: Option<Thresholds>,
+    pub(crate) queue_order: QueueOrder,
 }
 
 impl Config {
@@ -60,6 +62,7 @@ impl Config {
             max_bytes: None,
             on_event: None,
             saturation_signal: None,
+            queue_order: QueueOrder::Fifo,
         }
     }
 
@@ -102,6 +105,15 @@ impl Config {
     /// few admitted requests can hold far more memory than the rest together.
     pub fn max_bytes(mut self, max_bytes: u64) -> Self {
         self.max_bytes = Some(max_bytes);
+        self
+    }
+
+    /// In which order waiting callers get freed slots ([`QueueOrder::Fifo`]
+    /// by default). Priorities come from
+    /// [`Bulkhead::acquire_with_priority`](crate::Bulkhead::acquire_with_priority):
+    /// the lower, the sooner.
+    pub fn queue_order(mut self, order: QueueOrder) -> Self {
+        self.queue_order = order;
         self
     }
 

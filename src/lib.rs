@@ -112,6 +112,7 @@ mod future;
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 mod layer;
+mod line;
 #[cfg(all(test, tower_inflight_loom))]
 mod loom_models;
 #[cfg(feature = "metrics")]
@@ -134,6 +135,7 @@ pub use error::{ServiceSaturated, ShedReason};
 pub use event::Event;
 pub use future::ResponseFuture;
 pub use layer::ConcurrencyLayer;
+pub use line::QueueOrder;
 pub use permit::{ByteReservation, Permit};
 pub use service::Concurrency;
 pub use status::{Status, Totals, Window};

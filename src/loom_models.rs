@@ -153,7 +153,7 @@ fn loom_a_waiter_never_parks_beside_a_freed_slot() {
                 waiters.after_release(&table, &Clock::Manual(ManualClock::new()));
             })
         };
-        let arrival = waiters.arrive(&table, 1, None);
+        let arrival = waiters.arrive(&table, 1, None, 0);
         releaser.join().unwrap();
         let got_slot = match &arrival {
             Arrival::Admitted(_) => true,

@@ -12,9 +12,9 @@
 
 use crate::clock::Clock;
 use crate::error::ShedReason;
+use crate::line::{Line, QueueOrder};
 use crate::slots::{Claim, SlotTable};
 use crate::sync::{lock, loom_seqcst_fence, Arc, AtomicUsize, Mutex, Ordering};
-use std::collections::VecDeque;
 use std::task::{Context, Poll, Waker};
 
 /// Set in `parked` once the bulkhead is closed, so that the fast path's one
@@ -26,7 +26,7 @@ pub(crate) struct Waiters {
     /// How many nodes in `queue` are `Parked` (and `CLOSED`). Written only
     /// under the lock.
     parked: AtomicUsize,
-    queue: Mutex<VecDeque<Arc<Node>>>,
+    queue: Mutex<Line<Arc<Node>>>,
 }
 
 /// One parked caller, shared between the queue and the caller's future.
@@ -65,6 +65,13 @@ impl Node {
 }
 
 impl Waiters {
+    pub(crate) fn new(order: QueueOrder) -> Self {
+        Self {
+            parked: AtomicUsize::new(0),
+            queue: Mutex::new(Line::new(order)),
+        }
+    }
+
     /// Callers parked now. `Relaxed`: the fast path only needs a hint, since a
     /// caller that misses a parked neighbour arrived, in effect, before it.
     #[inline]
@@ -100,8 +107,8 @@ impl Waiters {
         self.refuse_parked(&mut queue, ShedReason::Cancelled);
     }
 
-    fn refuse_parked(&self, queue: &mut VecDeque<Arc<Node>>, reason: ShedReason) {
-        for node in queue.drain(..) {
+    fn refuse_parked(&self, queue: &mut Line<Arc<Node>>, reason: ShedReason) {
+        for node in queue.drain() {
             self.resolve(&node, NodeState::Refused(reason));
         }
     }
@@ -150,7 +157,13 @@ impl Waiters {
     /// A caller that may wait: admitted if nobody is parked and a slot is
     /// free, otherwise parked at the tail of the line (unless `max_parked`
     /// callers already are).
-    pub(crate) fn arrive(&self, slots: &SlotTable, now: u64, max_parked: Option<usize>) -> Arrival {
+    pub(crate) fn arrive(
+        &self,
+        slots: &SlotTable,
+        now: u64,
+        max_parked: Option<usize>,
+        priority: i32,
+    ) -> Arrival {
         let mut queue = lock(&self.queue);
         if self.is_closed() {
             return Arrival::Closed;
@@ -168,7 +181,7 @@ impl Waiters {
         let node = Arc::new(Node {
             state: Mutex::new(NodeState::Parked(None)),
         });
-        queue.push_back(node.clone());
+        queue.push(priority, node.clone());
         self.parked.fetch_add(1, Ordering::SeqCst);
         loom_seqcst_fence();
         // A slot freed after the scan above, by a releaser that read
@@ -178,7 +191,7 @@ impl Waiters {
     }
 
     /// Hands free slots to parked callers, oldest first, until either runs out.
-    fn dispatch(&self, queue: &mut VecDeque<Arc<Node>>, slots: &SlotTable, now: u64) {
+    fn dispatch(&self, queue: &mut Line<Arc<Node>>, slots: &SlotTable, now: u64) {
         while self.count() > 0 {
             let Some(claim) = slots.try_claim(now, Ordering::SeqCst) else {
                 break;
@@ -194,8 +207,8 @@ impl Waiters {
         }
     }
 
-    fn grant_oldest(&self, queue: &mut VecDeque<Arc<Node>>, claim: Claim) -> bool {
-        while let Some(node) = queue.pop_front() {
+    fn grant_oldest(&self, queue: &mut Line<Arc<Node>>, claim: Claim) -> bool {
+        while let Some(node) = queue.pop_next(self.count()) {
             if self.resolve(&node, NodeState::Granted(claim)) {
                 return true;
             }
@@ -265,16 +278,11 @@ impl Waiters {
     /// Callers give up mostly in arrival order, so the nodes they leave behind
     /// sit at the front: pop them now rather than let the queue grow while no
     /// slot comes free.
-    fn drop_finished_front(&self, queue: &mut VecDeque<Arc<Node>>) {
+    fn drop_finished_front(&self, queue: &mut Line<Arc<Node>>) {
         if self.count() == 0 {
             queue.clear();
             return;
         }
-        while let Some(front) = queue.front() {
-            if !matches!(*lock(&front.state), NodeState::Done) {
-                break;
-            }
-            queue.pop_front();
-        }
+        queue.prune(|node| matches!(*lock(&node.state), NodeState::Done));
     }
 }
