@@ -17,7 +17,7 @@ use criterion::{black_box, criterion_main, Criterion};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
-use tower_inflight::{Bulkhead, Config};
+use tower_inflight::{Bulkhead, Config, QueueOrder};
 
 const LIMIT: usize = 25;
 const RECLAIM_AFTER: Duration = Duration::from_secs(30);
@@ -33,6 +33,21 @@ fn try_acquire_drop(c: &mut Criterion) {
     group.bench_function("ours", |b| {
         b.iter(|| {
             let permit = black_box(&ours).try_acquire();
+            black_box(permit.is_ok());
+        })
+    });
+
+    // The scheduling options only order the line of waiting callers: with
+    // nobody waiting they must cost the fast path nothing.
+    let scheduled = Bulkhead::new(
+        Config::new(LIMIT, Duration::from_secs(30))
+            .wait(Duration::from_millis(50))
+            .queue_order(QueueOrder::PriorityFifo)
+            .saturation_signal(0.8, 20, Duration::from_secs(10)),
+    );
+    group.bench_function("ours_with_priorities_and_signal", |b| {
+        b.iter(|| {
+            let permit = black_box(&scheduled).try_acquire();
             black_box(permit.is_ok());
         })
     });
