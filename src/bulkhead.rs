@@ -219,15 +219,6 @@ impl Bulkhead {
         self.shared.reserve_bytes(permit, bytes)
     }
 
-    #[cfg(feature = "http")]
-    pub(crate) fn reserve_bytes(
-        &self,
-        permit: Permit,
-        bytes: u64,
-    ) -> Result<Permit, ServiceSaturated> {
-        self.shared.reserve_bytes(permit, bytes)
-    }
-
     /// Bytes of the budget reserved now.
     pub fn bytes_reserved(&self) -> u64 {
         self.shared.slots.bytes_reserved()

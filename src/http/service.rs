@@ -111,13 +111,10 @@ where
             None if request.body().is_end_stream() => Some(0),
             None => max_body,
         };
+        // Without a byte budget this reserves nothing.
         let admitted = self.readiness.take(&self.bulkhead).and_then(|permit| {
-            let share = if self.bulkhead.max_bytes().is_some() {
-                body_limit.unwrap_or(0)
-            } else {
-                0
-            };
-            self.bulkhead.reserve_bytes(permit, share)
+            let share = body_limit.unwrap_or(0);
+            self.bulkhead.shared().reserve_bytes(permit, share)
         });
         let permit = match admitted {
             Ok(permit) => permit,
