@@ -9,7 +9,7 @@
 
 mod support;
 
-use support::{assert_all_returned, eventually};
+use support::{assert_all_returned, eventually, Gate};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -17,30 +17,15 @@ use axum::routing::{get, post};
 use axum::Router;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 use tower_inflight::http::HttpConcurrencyLayer;
 use tower_inflight::{Bulkhead, Config};
 
 /// The byte budget, and so the per-request cap.
 const MAX_BYTES: u64 = 1 << 20;
 const LIMIT: usize = 4;
-
-/// Handlers wait at the gate until the test lets them through.
-#[derive(Clone)]
-struct Gate(Arc<Semaphore>);
-
-impl Gate {
-    fn new() -> Self {
-        Gate(Arc::new(Semaphore::new(0)))
-    }
-    async fn pass(&self) {
-        self.0.acquire().await.expect("gate open").forget();
-    }
-}
 
 struct Server {
     addr: SocketAddr,
@@ -389,7 +374,7 @@ async fn client_that_vanishes_while_its_handler_works_gives_back_its_slot() {
     .await;
     drop(stream);
     assert_all_returned(&server.bulkhead).await;
-    server.gate.0.add_permits(1); // the handler was dropped, not finished: unused
+    server.gate.open(1); // the handler was dropped, not finished: unused
     assert_still_serving(&server).await;
 }
 

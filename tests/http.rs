@@ -2,7 +2,7 @@
 
 mod support;
 
-use support::{assert_all_returned, eventually};
+use support::{assert_all_returned, eventually, Gate};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -15,30 +15,13 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::mpsc;
 use tower::ServiceExt;
 use tower_inflight::http::{HttpConcurrencyLayer, ReservedBytes};
 use tower_inflight::{Bulkhead, Config};
-
-/// Handlers wait at the gate until the test lets them through.
-#[derive(Clone)]
-struct Gate(Arc<Semaphore>);
-
-impl Gate {
-    fn new() -> Self {
-        Gate(Arc::new(Semaphore::new(0)))
-    }
-    async fn pass(&self) {
-        self.0.acquire().await.expect("gate open").forget();
-    }
-    fn open(&self, n: usize) {
-        self.0.add_permits(n);
-    }
-}
 
 fn app(layer: HttpConcurrencyLayer, gate: Gate) -> Router {
     Router::new()

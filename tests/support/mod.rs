@@ -71,3 +71,21 @@ pub(crate) async fn assert_all_returned(bulkhead: &tower_inflight::Bulkhead) {
     .await;
     assert_eq!(bulkhead.waiting(), 0);
 }
+
+/// Handlers wait at the gate until the test lets them through.
+#[derive(Clone)]
+pub(crate) struct Gate(Arc<tokio::sync::Semaphore>);
+
+impl Gate {
+    pub(crate) fn new() -> Self {
+        Gate(Arc::new(tokio::sync::Semaphore::new(0)))
+    }
+
+    pub(crate) async fn pass(&self) {
+        self.0.acquire().await.expect("gate open").forget();
+    }
+
+    pub(crate) fn open(&self, n: usize) {
+        self.0.add_permits(n);
+    }
+}
