@@ -5,6 +5,7 @@ use crate::error::{ServiceSaturated, ShedReason};
 use crate::permit::Permit;
 use crate::saturation::{SaturationSignal, Verdict};
 use crate::sync::Arc;
+use crate::ticket::Ticket;
 use crate::waiters::{Arrival, Node};
 use pin_project_lite::pin_project;
 use std::fmt;
@@ -20,7 +21,7 @@ pin_project! {
     #[must_use = "futures do nothing unless polled"]
     pub struct Acquire {
         shared: Arc<Shared>,
-        priority: i32,
+        ticket: Ticket,
         #[pin]
         state: State,
     }
@@ -41,6 +42,8 @@ struct Place {
     shared: Arc<Shared>,
     node: Arc<Node>,
     since: tokio::time::Instant,
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    priority: i32,
     /// This wait is the saturation signal's probe.
     probe: bool,
     /// Whether the end of this wait has been recorded.
@@ -58,15 +61,19 @@ impl Place {
             if let Some(signal) = self.shared.saturation() {
                 signal.wait_ended(admitted, self.probe);
             }
+            #[cfg(feature = "metrics")]
+            self.shared
+                .observer()
+                .waiting_by_priority(self.priority, self.shared.waiters().depth(self.priority));
         }
     }
 }
 
 impl Acquire {
-    pub(crate) fn new(shared: Arc<Shared>, priority: i32) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, ticket: Ticket) -> Self {
         Self {
             shared,
-            priority,
+            ticket,
             state: State::Arriving,
         }
     }
@@ -81,7 +88,7 @@ impl Future for Acquire {
             match this.state.as_mut().project() {
                 StateProj::Arriving => {
                     let shared = &**this.shared;
-                    let reason = match shared.try_claim() {
+                    let reason = match shared.try_claim_weighted(this.ticket.get_weight()) {
                         Ok(claim) => {
                             this.state.set(State::Done);
                             return Poll::Ready(Ok(Permit::new(this.shared.clone(), claim)));
@@ -109,7 +116,8 @@ impl Future for Acquire {
                         shared.slots(),
                         shared.now(),
                         shared.config().max_waiting,
-                        *this.priority,
+                        this.ticket.get_priority(),
+                        this.ticket.get_weight(),
                     );
                     if probe && !matches!(arrival, Arrival::Parked(_)) {
                         // The probe never waited: a slot was free after all
@@ -133,12 +141,17 @@ impl Future for Acquire {
                             return Poll::Ready(Err(shared.saturated(ShedReason::Closed)));
                         }
                         Arrival::Parked(node) => {
-                            shared
-                                .observer()
-                                .parked(shared.waiters().parked(), shared.config().limit);
+                            let observer = shared.observer();
+                            observer.parked(shared.waiters().parked(), shared.config().limit);
+                            #[cfg(feature = "metrics")]
+                            observer.waiting_by_priority(
+                                this.ticket.get_priority(),
+                                shared.waiters().depth(this.ticket.get_priority()),
+                            );
                             let place = Place {
                                 shared: this.shared.clone(),
                                 node,
+                                priority: this.ticket.get_priority(),
                                 since: tokio::time::Instant::now(),
                                 probe,
                                 recorded: false,
@@ -182,13 +195,13 @@ impl Future for Acquire {
 impl Drop for Place {
     fn drop(&mut self) {
         // Dropped while waiting: the caller gave up.
-        self.record(false);
         let shared = &self.shared;
         let granted = shared
             .waiters()
             .leave(&self.node, shared.slots(), shared.now(), false);
+        self.record(false);
         if let Some(claim) = granted {
-            shared.release(&claim);
+            self.shared.release(&claim);
         }
     }
 }

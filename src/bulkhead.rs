@@ -10,6 +10,7 @@ use crate::saturation::SaturationSignal;
 use crate::slots::{Claim, SlotTable};
 use crate::status::{Rollups, Status, Totals};
 use crate::sync::{Arc, Ordering};
+use crate::ticket::Ticket;
 use crate::waiters::Waiters;
 use std::fmt;
 use std::time::Duration;
@@ -89,7 +90,7 @@ impl Bulkhead {
                 config.max_bytes,
             ),
             clock,
-            waiters: Waiters::new(config.queue_order),
+            waiters: Waiters::new(config.queue_order.clone()),
             observer,
             saturation: config.saturation_signal.map(SaturationSignal::new),
             config,
@@ -147,7 +148,7 @@ impl Bulkhead {
     /// # }
     /// ```
     pub fn acquire(&self) -> Acquire {
-        Acquire::new(self.shared.clone(), 0)
+        Acquire::new(self.shared.clone(), Ticket::new())
     }
 
     /// [`acquire`](Self::acquire) with a priority for the line of waiting
@@ -184,7 +185,62 @@ impl Bulkhead {
     /// # }
     /// ```
     pub fn acquire_with_priority(&self, priority: i32) -> Acquire {
-        Acquire::new(self.shared.clone(), priority)
+        Acquire::new(self.shared.clone(), Ticket::new().priority(priority))
+    }
+
+    /// Takes `weight` slots at once, or none, if nobody is waiting; never
+    /// waits. One permit holds them all, and gives them all back when
+    /// dropped. A weight of 0 or over the limit is refused with
+    /// [`ShedReason::InvalidWeight`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_inflight::{Bulkhead, Config};
+    ///
+    /// let bulkhead = Bulkhead::new(Config::new(4, Duration::from_secs(30)));
+    /// let light = bulkhead.try_acquire().unwrap();
+    /// let heavy = bulkhead.try_acquire_weighted(3).unwrap(); // the other three
+    /// assert_eq!(bulkhead.in_flight(), 4);
+    /// drop(light);
+    /// assert!(bulkhead.try_acquire_weighted(2).is_err()); // one free: all or nothing
+    /// assert_eq!(bulkhead.in_flight(), 3);
+    /// drop(heavy);
+    /// assert_eq!(bulkhead.in_flight(), 0);
+    /// ```
+    pub fn try_acquire_weighted(&self, weight: usize) -> Result<Permit, ServiceSaturated> {
+        match self.shared.try_claim_weighted(weight) {
+            Ok(claim) => Ok(Permit::new(self.shared.clone(), claim)),
+            Err(reason) => Err(self.shared.saturated(reason)),
+        }
+    }
+
+    /// [`acquire`](Self::acquire) with a [`Ticket`]: a priority for the
+    /// line and a weight in slots. A weighted caller takes all its slots at
+    /// once; at the head of the line it is never bypassed by lighter
+    /// callers, so freed slots wait for it until enough have come free.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_inflight::{Bulkhead, Config, Ticket};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let bulkhead = Bulkhead::new(Config::new(2, Duration::from_secs(30)).wait(Duration::from_secs(1)));
+    /// let first = bulkhead.try_acquire().unwrap();
+    /// let heavy = tokio::spawn({
+    ///     let bulkhead = bulkhead.clone();
+    ///     async move { bulkhead.acquire_with(Ticket::new().weight(2)).await.map(|_| ()) }
+    /// });
+    /// tokio::task::yield_now().await;
+    /// // One slot is free, but the heavy caller at the head needs two: a
+    /// // light caller does not slip past it.
+    /// assert!(bulkhead.try_acquire().is_err());
+    /// drop(first);
+    /// assert!(heavy.await.unwrap().is_ok());
+    /// # }
+    /// ```
+    pub fn acquire_with(&self, ticket: Ticket) -> Acquire {
+        Acquire::new(self.shared.clone(), ticket)
     }
 
     /// Takes a slot and `bytes` of the byte budget together, or neither;
@@ -290,6 +346,7 @@ impl Bulkhead {
             in_flight,
             available: self.limit() - in_flight,
             waiting: self.waiting(),
+            waiting_by_priority: shared.waiters.depths(),
             saturation_signal: shared
                 .saturation
                 .as_ref()
@@ -409,11 +466,35 @@ impl Shared {
                 return Err(ShedReason::LimitReached);
             }
         }
+        self.claim_behind_parked(now, 1)
+    }
+
+    /// [`try_claim`](Self::try_claim) for `weight` slots at once.
+    pub(crate) fn try_claim_weighted(&self, weight: usize) -> Result<Claim, ShedReason> {
+        if weight == 1 {
+            return self.try_claim();
+        }
+        if weight == 0 || weight > self.slots.len() {
+            return Err(ShedReason::InvalidWeight);
+        }
+        let now = self.clock.now();
+        if self.waiters.quiet() {
+            if let Some(claim) = self.slots.try_claim_weighted(now, weight, Ordering::SeqCst) {
+                return Ok(claim);
+            }
+            if self.waiters.quiet() {
+                return Err(ShedReason::LimitReached);
+            }
+        }
+        self.claim_behind_parked(now, weight)
+    }
+
+    fn claim_behind_parked(&self, now: u64, weight: usize) -> Result<Claim, ShedReason> {
         if self.waiters.is_closed() {
             return Err(ShedReason::Closed);
         }
         self.waiters
-            .claim_behind_parked(&self.slots, now)
+            .claim_behind_parked(&self.slots, now, weight)
             .ok_or(ShedReason::LimitReached)
     }
 
@@ -427,7 +508,7 @@ impl Shared {
         if self.observer.rollups.minute_turned(at.saturating_sub(1)) {
             self.turn_minute(at, 1);
         }
-        self.observer.admitted(claim.reclaimed());
+        self.observer.admitted(claim.reclaimed(), claim.weight());
     }
 
     /// Records the totals as they were when the minute of `now` began, that
@@ -466,7 +547,7 @@ impl Shared {
                     .saturating_sub(self.slots.claimed_at(claim));
                 self.clock.duration(held)
             });
-            self.observer.released(held);
+            self.observer.released(held, claim.weight());
         }
         // The clock is read only if somebody is parked.
         self.waiters.after_release(&self.slots, &self.clock);

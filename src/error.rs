@@ -61,11 +61,14 @@ pub enum ShedReason {
     /// caller was shed at once instead of waiting
     /// ([`Config::saturation_signal`](crate::Config::saturation_signal)).
     Saturated,
+    /// The call asked for a weight of 0 slots, or more than the bulkhead
+    /// has: it could never run ([`Ticket::weight`](crate::Ticket::weight)).
+    InvalidWeight,
 }
 
 impl ShedReason {
     /// How many reasons there are, for tables indexed by reason.
-    pub(crate) const COUNT: usize = 7;
+    pub(crate) const COUNT: usize = 8;
 
     /// Every reason, in the order of [`index`](Self::index).
     #[cfg(feature = "metrics")]
@@ -77,6 +80,7 @@ impl ShedReason {
         ShedReason::Closed,
         ShedReason::Cancelled,
         ShedReason::Saturated,
+        ShedReason::InvalidWeight,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -88,6 +92,7 @@ impl ShedReason {
             ShedReason::Closed => 4,
             ShedReason::Cancelled => 5,
             ShedReason::Saturated => 6,
+            ShedReason::InvalidWeight => 7,
         }
     }
 
@@ -101,6 +106,7 @@ impl ShedReason {
             ShedReason::Closed => "closed",
             ShedReason::Cancelled => "cancelled",
             ShedReason::Saturated => "saturated",
+            ShedReason::InvalidWeight => "invalid_weight",
         }
     }
 }
@@ -115,6 +121,7 @@ impl fmt::Display for ShedReason {
             ShedReason::Closed => "the bulkhead is closed",
             ShedReason::Cancelled => "waiting was cancelled",
             ShedReason::Saturated => "all slots in use, and recent waits were futile",
+            ShedReason::InvalidWeight => "the call's weight is 0 or more than the limit",
         })
     }
 }

@@ -125,6 +125,7 @@ mod service;
 mod slots;
 mod status;
 mod sync;
+mod ticket;
 mod waiters;
 
 pub use acquire::Acquire;
@@ -135,10 +136,11 @@ pub use error::{ServiceSaturated, ShedReason};
 pub use event::Event;
 pub use future::ResponseFuture;
 pub use layer::ConcurrencyLayer;
-pub use line::QueueOrder;
+pub use line::{Comparator, QueueOrder, WaitingCall};
 pub use permit::{ByteReservation, Permit};
 pub use service::Concurrency;
 pub use status::{Status, Totals, Window};
+pub use ticket::Ticket;
 
 /// The error type of [`Concurrency`]: the inner service's error, or
 /// [`ServiceSaturated`], boxed.

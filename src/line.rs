@@ -1,13 +1,21 @@
 //! The line of parked callers, in the order a [`QueueOrder`] gives them
 //! their slots.
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
 
-/// In which order callers waiting for a slot get one. Whatever the order,
-/// the head of the line is never bypassed: a freed slot goes to the caller
-/// the order puts first, and new arrivals never take a slot while anyone is
-/// parked.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// In which order callers waiting for a slot get one.
+///
+/// Whatever the order, the head of the line is never bypassed: freed slots
+/// go to the caller the order puts first, and if that caller is weighted
+/// and needs more slots than are free, nobody behind it is served until
+/// enough have come free, however light they are. New arrivals never take a
+/// slot while anyone is parked. The order decides who is at the head, and so
+/// how often a heavy head stalls the line: see the README's "Who waits
+/// first".
+#[derive(Clone, Default)]
 #[non_exhaustive]
 pub enum QueueOrder {
     /// The longest-waiting caller first. The default: fair, and every wait
@@ -30,15 +38,118 @@ pub enum QueueOrder {
         /// The length of line past which the newest are served first.
         after: usize,
     },
+    /// Your own order: see [`QueueOrder::custom`].
+    Custom(Comparator),
 }
 
-/// The parked callers, keyed so that the map's first entry is the next to
-/// be served (for `AdaptiveLifo`, the first or the last, by length).
-#[derive(Debug)]
+/// A comparator of waiting callers, for [`QueueOrder::custom`].
+#[derive(Clone)]
+pub struct Comparator(Arc<dyn Fn(&WaitingCall, &WaitingCall) -> Ordering + Send + Sync>);
+
+/// What a [`QueueOrder::custom`] comparator sees of a waiting caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitingCall {
+    priority: i32,
+    weight: usize,
+    arrival: u64,
+}
+
+impl WaitingCall {
+    /// The priority the caller asked for (0 by default).
+    pub fn priority(&self) -> i32 {
+        self.priority
+    }
+
+    /// How many slots the caller needs (1 by default).
+    pub fn weight(&self) -> usize {
+        self.weight
+    }
+
+    /// When the caller joined the line, as a sequence number: earlier
+    /// callers have lower numbers.
+    pub fn arrival(&self) -> u64 {
+        self.arrival
+    }
+}
+
+impl QueueOrder {
+    /// An order of your own: `compare` says which of two waiting callers
+    /// goes first ([`Ordering::Less`] for the first argument). Callers it
+    /// finds equal go oldest first.
+    ///
+    /// It is called with the bulkhead's line locked, each time a slot is
+    /// handed out: keep it cheap, consistent (a total order) and free of
+    /// panics. Each dispatch looks at every waiting caller, so the line's
+    /// length should be capped with [`Config::max_waiting`](crate::Config::max_waiting).
+    ///
+    /// Lightest first within a priority, the order that stalls least under
+    /// mixed weights:
+    ///
+    /// ```
+    /// use tower_inflight::QueueOrder;
+    ///
+    /// let order = QueueOrder::custom(|a, b| {
+    ///     a.priority().cmp(&b.priority()).then(a.weight().cmp(&b.weight()))
+    /// });
+    /// # let _ = order;
+    /// ```
+    pub fn custom<F>(compare: F) -> Self
+    where
+        F: Fn(&WaitingCall, &WaitingCall) -> Ordering + Send + Sync + 'static,
+    {
+        QueueOrder::Custom(Comparator(Arc::new(compare)))
+    }
+}
+
+impl fmt::Debug for QueueOrder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QueueOrder::Fifo => f.write_str("Fifo"),
+            QueueOrder::Lifo => f.write_str("Lifo"),
+            QueueOrder::PriorityFifo => f.write_str("PriorityFifo"),
+            QueueOrder::PriorityLifo => f.write_str("PriorityLifo"),
+            QueueOrder::AdaptiveLifo { after } => f
+                .debug_struct("AdaptiveLifo")
+                .field("after", after)
+                .finish(),
+            QueueOrder::Custom(_) => f.write_str("Custom(..)"),
+        }
+    }
+}
+
+impl fmt::Debug for Comparator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Comparator(..)")
+    }
+}
+
+impl PartialEq for QueueOrder {
+    /// Built-in orders are equal by value; custom orders only to clones of
+    /// themselves.
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (QueueOrder::Custom(a), QueueOrder::Custom(b)) => Arc::ptr_eq(&a.0, &b.0),
+            (QueueOrder::AdaptiveLifo { after: a }, QueueOrder::AdaptiveLifo { after: b }) => {
+                a == b
+            }
+            _ => std::mem::discriminant(self) == std::mem::discriminant(other),
+        }
+    }
+}
+
+impl Eq for QueueOrder {}
+
+/// The parked callers. The built-in orders are keyed so that the map's
+/// first entry is the next to be served (for `AdaptiveLifo`, the first or
+/// the last, by length); a custom order is searched.
 pub(crate) struct Line<T> {
     order: QueueOrder,
     next_seq: u64,
-    entries: BTreeMap<(i64, u64), T>,
+    keyed: BTreeMap<(i64, u64), (WaitingCall, T)>,
+    compared: Vec<(WaitingCall, T)>,
+    /// How many callers of each priority are still waiting: counted in by
+    /// `push`, out by `left`, whether or not their entry is gone yet.
+    depths: BTreeMap<i32, usize>,
 }
 
 impl<T> Line<T> {
@@ -46,65 +157,131 @@ impl<T> Line<T> {
         Self {
             order,
             next_seq: 0,
-            entries: BTreeMap::new(),
+            keyed: BTreeMap::new(),
+            compared: Vec::new(),
+            depths: BTreeMap::new(),
         }
     }
 
-    pub(crate) fn push(&mut self, priority: i32, entry: T) {
+    pub(crate) fn push(&mut self, priority: i32, weight: usize, entry: T) {
         let seq = self.next_seq;
         self.next_seq += 1;
+        let call = WaitingCall {
+            priority,
+            weight,
+            arrival: seq,
+        };
+        *self.depths.entry(priority).or_default() += 1;
         let newest_first = u64::MAX - seq;
         let key = match self.order {
             QueueOrder::Fifo | QueueOrder::AdaptiveLifo { .. } => (0, seq),
             QueueOrder::Lifo => (0, newest_first),
             QueueOrder::PriorityFifo => (i64::from(priority), seq),
             QueueOrder::PriorityLifo => (i64::from(priority), newest_first),
+            QueueOrder::Custom(_) => {
+                self.compared.push((call, entry));
+                return;
+            }
         };
-        self.entries.insert(key, entry);
+        self.keyed.insert(key, (call, entry));
     }
 
     /// The next entry to serve, `waiting` being how many are really parked.
-    pub(crate) fn pop_next(&mut self, waiting: usize) -> Option<T> {
-        match self.order {
-            QueueOrder::AdaptiveLifo { after } if waiting > after => {
-                self.entries.pop_last().map(|(_, entry)| entry)
+    pub(crate) fn peek_next(&self, waiting: usize) -> Option<&T> {
+        match &self.order {
+            QueueOrder::AdaptiveLifo { after } if waiting > *after => {
+                self.keyed.last_key_value().map(|(_, (_, entry))| entry)
             }
-            _ => self.entries.pop_first().map(|(_, entry)| entry),
+            QueueOrder::Custom(compare) => {
+                self.first_compared(compare).map(|at| &self.compared[at].1)
+            }
+            _ => self.keyed.first_key_value().map(|(_, (_, entry))| entry),
         }
     }
 
-    /// Drops entries from both ends while `finished` says they are done:
-    /// callers that gave up are left in place and skipped, so they gather
-    /// at the ends, where the oldest expire first.
+    /// Takes the entry [`peek_next`](Self::peek_next) shows.
+    pub(crate) fn pop_next(&mut self, waiting: usize) -> Option<T> {
+        match &self.order {
+            QueueOrder::AdaptiveLifo { after } if waiting > *after => {
+                self.keyed.pop_last().map(|(_, (_, entry))| entry)
+            }
+            QueueOrder::Custom(compare) => {
+                let at = self.first_compared(compare)?;
+                Some(self.compared.swap_remove(at).1)
+            }
+            _ => self.keyed.pop_first().map(|(_, (_, entry))| entry),
+        }
+    }
+
+    fn first_compared(&self, compare: &Comparator) -> Option<usize> {
+        (0..self.compared.len()).min_by(|&a, &b| {
+            let (a, b) = (&self.compared[a].0, &self.compared[b].0);
+            (compare.0)(a, b).then(a.arrival.cmp(&b.arrival))
+        })
+    }
+
+    /// Drops entries that `finished` says are done: callers that gave up
+    /// are left in place and skipped, so they gather at the ends of a
+    /// keyed line, where the oldest expire first; a custom line is swept.
     pub(crate) fn prune(&mut self, finished: impl Fn(&T) -> bool) {
         while self
-            .entries
+            .keyed
             .first_key_value()
-            .is_some_and(|(_, entry)| finished(entry))
+            .is_some_and(|(_, (_, entry))| finished(entry))
         {
-            self.entries.pop_first();
+            self.keyed.pop_first();
         }
         while self
-            .entries
+            .keyed
             .last_key_value()
-            .is_some_and(|(_, entry)| finished(entry))
+            .is_some_and(|(_, (_, entry))| finished(entry))
         {
-            self.entries.pop_last();
+            self.keyed.pop_last();
         }
+        self.compared.retain(|(_, entry)| !finished(entry));
+    }
+
+    /// A caller of `priority` stopped waiting (served, refused or gone).
+    pub(crate) fn left(&mut self, priority: i32) {
+        if let Some(depth) = self.depths.get_mut(&priority) {
+            *depth -= 1;
+            if *depth == 0 {
+                self.depths.remove(&priority);
+            }
+        }
+    }
+
+    /// How many callers of each priority are waiting.
+    pub(crate) fn depths(&self) -> &BTreeMap<i32, usize> {
+        &self.depths
     }
 
     pub(crate) fn drain(&mut self) -> impl Iterator<Item = T> {
-        std::mem::take(&mut self.entries).into_values()
+        let keyed = std::mem::take(&mut self.keyed).into_values();
+        let compared = std::mem::take(&mut self.compared);
+        keyed.chain(compared).map(|(_, entry)| entry)
     }
 
+    /// Forgets every entry; only once none is waiting.
     pub(crate) fn clear(&mut self) {
-        self.entries.clear();
+        self.keyed.clear();
+        self.compared.clear();
+        self.depths.clear();
     }
 }
 
 impl<T> Default for Line<T> {
     fn default() -> Self {
         Self::new(QueueOrder::Fifo)
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for Line<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Line")
+            .field("order", &self.order)
+            .field("len", &(self.keyed.len() + self.compared.len()))
+            .finish()
     }
 }
 
@@ -115,7 +292,7 @@ mod tests {
     fn served(order: QueueOrder, arrivals: &[(i32, char)]) -> String {
         let mut line = Line::new(order);
         for &(priority, name) in arrivals {
-            line.push(priority, name);
+            line.push(priority, 1, name);
         }
         let mut waiting = arrivals.len();
         std::iter::from_fn(|| {
@@ -142,10 +319,21 @@ mod tests {
     }
 
     #[test]
+    fn a_custom_order_serves_by_its_comparator_then_oldest_first() {
+        let heaviest_first = QueueOrder::custom(|a, b| b.weight().cmp(&a.weight()));
+        let mut line = Line::new(heaviest_first);
+        for (weight, name) in [(1, 'a'), (3, 'b'), (1, 'c'), (3, 'd')] {
+            line.push(0, weight, name);
+        }
+        let served: String = std::iter::from_fn(|| line.pop_next(0)).collect();
+        assert_eq!(served, "bdac");
+    }
+
+    #[test]
     fn prune_drops_finished_entries_at_both_ends_only() {
         let mut line = Line::new(QueueOrder::Fifo);
         for (i, done) in [true, false, true, false, true].into_iter().enumerate() {
-            line.push(0, (i, done));
+            line.push(0, 1, (i, done));
         }
         line.prune(|&(_, done)| done);
         let left: Vec<usize> = line.drain().map(|(i, _)| i).collect();

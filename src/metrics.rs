@@ -6,13 +6,16 @@
 //! name, or `"bulkhead"`).
 
 use crate::error::ShedReason;
+use crate::sync::{lock, Mutex};
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
+use std::collections::BTreeMap;
 
 pub(crate) const ADMITTED: &str = "tower_inflight_admitted_total";
 pub(crate) const REJECTED: &str = "tower_inflight_rejected_total";
 pub(crate) const RECLAIMED: &str = "tower_inflight_reclaimed_total";
 pub(crate) const IN_FLIGHT: &str = "tower_inflight_in_flight";
 pub(crate) const WAITING: &str = "tower_inflight_waiting";
+pub(crate) const WAITING_BY_PRIORITY: &str = "tower_inflight_waiting_by_priority";
 pub(crate) const LIMIT: &str = "tower_inflight_limit";
 pub(crate) const BYTES_RESERVED: &str = "tower_inflight_bytes_reserved";
 pub(crate) const WAIT_SECONDS: &str = "tower_inflight_wait_seconds";
@@ -28,6 +31,10 @@ pub(crate) struct Metrics {
     pub(crate) bytes_reserved: Gauge,
     pub(crate) wait_seconds: Histogram,
     pub(crate) hold_seconds: Histogram,
+    service: String,
+    /// The per-priority gauges registered so far: parking is the slow path,
+    /// but a registry lookup per park would still be waste.
+    waiting_by_priority: Mutex<BTreeMap<i32, Gauge>>,
 }
 
 impl Metrics {
@@ -45,7 +52,19 @@ impl Metrics {
             waiting: gauge!(WAITING, "service" => service.clone()),
             bytes_reserved: gauge!(BYTES_RESERVED, "service" => service.clone()),
             wait_seconds: histogram!(WAIT_SECONDS, "service" => service.clone()),
-            hold_seconds: histogram!(HOLD_SECONDS, "service" => service),
+            hold_seconds: histogram!(HOLD_SECONDS, "service" => service.clone()),
+            service,
+            waiting_by_priority: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Sets the gauge of callers of `priority` waiting now.
+    pub(crate) fn waiting_by_priority(&self, priority: i32, waiting: usize) {
+        lock(&self.waiting_by_priority)
+            .entry(priority)
+            .or_insert_with(|| {
+                gauge!(WAITING_BY_PRIORITY, "service" => self.service.clone(), "priority" => priority.to_string())
+            })
+            .set(waiting as f64);
     }
 }

@@ -54,32 +54,33 @@ impl Observer {
         }
     }
 
-    /// A slot was granted. `took_over`: it was reclaimed, so it was counted
-    /// as held already.
+    /// A permit of `slots` slots was granted. `took_over`: it was
+    /// reclaimed, so it was counted as held already.
     #[inline]
-    pub(crate) fn admitted(&self, took_over: bool) {
+    pub(crate) fn admitted(&self, took_over: bool, slots: usize) {
         self.emit(Event::Admitted);
         #[cfg(feature = "metrics")]
         {
             self.metrics.admitted.increment(1);
             if !took_over {
-                self.metrics.in_flight.increment(1.0);
+                self.metrics.in_flight.increment(slots as f64);
             }
         }
-        let _ = took_over;
+        let _ = (took_over, slots);
     }
 
-    /// A slot was released by its holder, after `held` if it was measured.
+    /// A permit of `slots` slots was released by its holder, after `held` if
+    /// it was measured.
     #[inline]
-    pub(crate) fn released(&self, held: Option<Duration>) {
+    pub(crate) fn released(&self, held: Option<Duration>, slots: usize) {
         #[cfg(feature = "metrics")]
         {
-            self.metrics.in_flight.decrement(1.0);
+            self.metrics.in_flight.decrement(slots as f64);
             if let Some(held) = held {
                 self.metrics.hold_seconds.record(held.as_secs_f64());
             }
         }
-        let _ = held;
+        let _ = (held, slots);
     }
 
     #[cold]
@@ -128,6 +129,12 @@ impl Observer {
         let _ = waiting_now;
     }
 
+    /// The number of callers of `priority` waiting changed.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn waiting_by_priority(&self, priority: i32, waiting_now: usize) {
+        self.metrics.waiting_by_priority(priority, waiting_now);
+    }
+
     /// Someone was parked (so every slot was held): the number waiting changed.
     pub(crate) fn parked(&self, waiting_now: usize, limit: usize) {
         self.rollups.see_in_flight(limit);
@@ -164,6 +171,7 @@ impl Observer {
             rejected_closed: rejected(ShedReason::Closed),
             rejected_cancelled: rejected(ShedReason::Cancelled),
             rejected_saturated: rejected(ShedReason::Saturated),
+            rejected_invalid_weight: rejected(ShedReason::InvalidWeight),
             reclaimed: self.reclaimed.load(Ordering::Relaxed),
             waits: self.waits.load(Ordering::Relaxed),
             wait_time: Duration::from_nanos(self.wait_nanos.load(Ordering::Relaxed)),

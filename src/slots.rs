@@ -26,7 +26,7 @@
 //! sees the freed slot, so no caller parks beside a free slot.
 
 use crate::bytes::{ByteBudget, Epoch};
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 use std::cell::Cell;
 use std::num::NonZeroU64;
 
@@ -58,12 +58,18 @@ struct Slot {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Claim {
     word: NonZeroU64,
-    /// The slot's index, with `RECLAIMED` and `SAMPLE` in its top bits.
+    /// The slot's index in the low 32 bits, then the weight less one, then
+    /// `RECLAIMED` and `SAMPLE` in the top bits.
     tagged_index: u64,
 }
 
 const RECLAIMED: u64 = 1 << 63;
 const SAMPLE: u64 = 1 << 62;
+/// The claim's weight less one, for a claim that stands for more than one
+/// slot (see `try_claim_weighted`): weights go up to `MAX_SLOTS`.
+const WEIGHT_SHIFT: u32 = 32;
+const WEIGHT_MASK: u64 = ((MAX_SLOTS as u64) * 2 - 1) << WEIGHT_SHIFT;
+const INDEX_MASK: u64 = (1 << WEIGHT_SHIFT) - 1;
 
 impl Claim {
     #[inline]
@@ -77,7 +83,7 @@ impl Claim {
 
     #[inline]
     pub(crate) fn index(&self) -> usize {
-        (self.tagged_index & !(RECLAIMED | SAMPLE)) as usize
+        (self.tagged_index & INDEX_MASK) as usize
     }
 
     #[inline]
@@ -89,6 +95,26 @@ impl Claim {
     #[inline]
     pub(crate) fn reclaimed(&self) -> bool {
         self.tagged_index & RECLAIMED != 0
+    }
+
+    /// Whether the claim holds companion slots besides its own.
+    #[inline]
+    pub(crate) fn is_weighted(&self) -> bool {
+        self.tagged_index & WEIGHT_MASK != 0
+    }
+
+    /// How many slots the claim holds.
+    #[inline]
+    pub(crate) fn weight(&self) -> usize {
+        ((self.tagged_index & WEIGHT_MASK) >> WEIGHT_SHIFT) as usize + 1
+    }
+
+    /// The claim, marked as standing for `weight` slots, and as reclaimed if
+    /// any of them was.
+    fn weighted(mut self, weight: usize, reclaimed: bool) -> Self {
+        self.tagged_index |=
+            ((weight as u64 - 1) << WEIGHT_SHIFT) | (u64::from(reclaimed) * RECLAIMED);
+        self
     }
 
     /// This claim is one of those chosen to sample how many slots are held.
@@ -104,6 +130,9 @@ pub(crate) struct SlotTable {
     /// `reclaim_after`, in ticks.
     hold: u64,
     budget: Option<ByteBudget>,
+    /// The other slots of each weighted claim, found by the claim that
+    /// stands for them. Touched only by weighted claims and their releases.
+    companions: Mutex<Vec<(Claim, Box<[Claim]>)>>,
     /// A claim samples the table when its slot's claim count, masked with
     /// this, is 1: at each slot's first claim, then often enough to see
     /// peaks, and rarely enough that the scan costs under a slot's read per
@@ -136,6 +165,7 @@ impl SlotTable {
             slots,
             hold,
             budget: max_bytes.map(ByteBudget::new),
+            companions: Mutex::new(Vec::new()),
             sample_mask: (limit.max(64) as u64).next_power_of_two() - 1,
         }
     }
@@ -147,6 +177,23 @@ impl SlotTable {
     /// Takes the first free slot at or after this thread's start index.
     #[inline]
     pub(crate) fn try_claim(&self, now: u64, order: Ordering) -> Option<Claim> {
+        let (index, word, until) = self.take_free(now, order)?;
+        let slot = &self.slots[index];
+        // Not `fetch_add`: the slot is ours, so a plain store does, without
+        // a locked instruction.
+        let claims = slot.claims.load(Ordering::Relaxed).wrapping_add(1);
+        slot.claims.store(claims, Ordering::Relaxed);
+        let claim = Claim::new(index, word, until != 0, claims & self.sample_mask == 1);
+        if claim.reclaimed() {
+            self.recover_abandoned_bytes(&claim);
+        }
+        Some(claim)
+    }
+
+    /// Writes a held word over the first free slot found; returns its index,
+    /// the word written and the deadline it replaced.
+    #[inline(always)]
+    fn take_free(&self, now: u64, order: Ordering) -> Option<(usize, u64, u64)> {
         let held_until = now.saturating_add(self.hold).min(MAX_DEADLINE) << GENERATION_BITS;
         let len = self.slots.len();
         let mut index = start_index(len);
@@ -161,15 +208,7 @@ impl SlotTable {
                     .compare_exchange(word, new, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
                 {
-                    // Not `fetch_add`: the slot is ours, so a plain store
-                    // does, without a locked instruction.
-                    let claims = slot.claims.load(Ordering::Relaxed).wrapping_add(1);
-                    slot.claims.store(claims, Ordering::Relaxed);
-                    let claim = Claim::new(index, new, until != 0, claims & self.sample_mask == 1);
-                    if claim.reclaimed() {
-                        self.recover_abandoned_bytes(&claim);
-                    }
-                    return Some(claim);
+                    return Some((index, new, until));
                 }
             }
             index += 1;
@@ -180,11 +219,78 @@ impl SlotTable {
         None
     }
 
+    /// Takes `weight` slots together, or none: one claim stands for them all
+    /// (the others are its companions, released with it). Counts as one
+    /// claim, and is made only when `weight` slots look free, so that a
+    /// weighted caller waiting at the head of the line does not churn slots
+    /// on every release.
+    pub(crate) fn try_claim_weighted(
+        &self,
+        now: u64,
+        weight: usize,
+        order: Ordering,
+    ) -> Option<Claim> {
+        if weight <= 1 {
+            return self.try_claim(now, order);
+        }
+        if !self.has_free(now, weight) {
+            return None;
+        }
+        let mut companions = Vec::with_capacity(weight - 1);
+        let mut reclaimed = false;
+        for _ in 1..weight {
+            let Some((index, word, until)) = self.take_free(now, order) else {
+                // A caller on the fast path took one meanwhile: all or nothing.
+                for companion in &companions {
+                    self.release_one(companion);
+                }
+                return None;
+            };
+            if until != 0 {
+                reclaimed = true;
+                self.give_back_recorded_bytes(index, word);
+            }
+            companions.push(Claim::new(index, word, until != 0, false));
+        }
+        let Some(primary) = self.try_claim(now, order) else {
+            for companion in &companions {
+                self.release_one(companion);
+            }
+            return None;
+        };
+        let claim = primary.weighted(weight, reclaimed);
+        let mut table = lock(&self.companions);
+        // Entries of weighted claims that were leaked and reclaimed since.
+        table.retain(|(primary, _)| {
+            self.slots[primary.index()].word.load(Ordering::Relaxed) == primary.word()
+        });
+        table.push((claim, companions.into_boxed_slice()));
+        Some(claim)
+    }
+
+    /// Whether at least `wanted` slots are free at `now`.
+    fn has_free(&self, now: u64, wanted: usize) -> bool {
+        self.slots
+            .iter()
+            .filter(|slot| deadline(slot.word.load(Ordering::SeqCst)) <= now)
+            .take(wanted)
+            .count()
+            == wanted
+    }
+
     /// Frees the slot if it still holds the claim's word. Returns whether it
     /// did: `false` means the slot was reclaimed or reset since, and belongs
     /// to someone else now.
     #[inline]
     pub(crate) fn release(&self, claim: &Claim) -> bool {
+        if claim.is_weighted() {
+            self.release_companions(claim);
+        }
+        self.release_one(claim)
+    }
+
+    #[inline]
+    fn release_one(&self, claim: &Claim) -> bool {
         let freed = generation(claim.word());
         self.slots[claim.index()]
             .word
@@ -195,6 +301,7 @@ impl SlotTable {
     /// Frees every slot, whoever holds it. Each word gets a new generation, so
     /// the permits that held them can no longer release anything.
     pub(crate) fn reset(&self) {
+        lock(&self.companions).clear();
         for slot in self.slots.iter() {
             let _ = slot
                 .word
@@ -205,6 +312,22 @@ impl SlotTable {
         }
         if let Some(budget) = &self.budget {
             budget.reset();
+        }
+    }
+
+    /// Frees the other slots of a weighted claim. Each is freed only if it
+    /// still holds the word written for this claim, as any slot is, so a late
+    /// release frees nothing that has been handed on.
+    #[cold]
+    fn release_companions(&self, claim: &Claim) {
+        let mut table = lock(&self.companions);
+        let Some(at) = table.iter().position(|(primary, _)| primary == claim) else {
+            return;
+        };
+        let (_, companions) = table.swap_remove(at);
+        drop(table);
+        for companion in companions.iter() {
+            self.release_one(companion);
         }
     }
 

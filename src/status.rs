@@ -7,7 +7,7 @@
 //! between the totals now and the entry at its start.
 
 use crate::sync::{lock, AtomicU64, AtomicUsize, Mutex, Ordering};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 /// A snapshot of a [`Bulkhead`](crate::Bulkhead), from
@@ -28,6 +28,10 @@ pub struct Status {
     pub available: usize,
     /// Callers parked for a slot now.
     pub waiting: usize,
+    /// Callers parked for a slot now, by the priority they asked for
+    /// ([`Ticket::priority`](crate::Ticket::priority)); priorities nobody
+    /// waits with are left out.
+    pub waiting_by_priority: BTreeMap<i32, usize>,
     /// Whether the saturation signal is up: callers that find every slot
     /// held are shed at once instead of waiting.
     pub saturation_signal: bool,
@@ -70,6 +74,8 @@ pub struct Totals {
     pub rejected_cancelled: u64,
     /// Calls shed without waiting because the saturation signal was up.
     pub rejected_saturated: u64,
+    /// Calls refused because their weight was 0 or over the limit.
+    pub rejected_invalid_weight: u64,
     /// Slots taken over after their holder kept them past `reclaim_after`.
     pub reclaimed: u64,
     /// Callers that waited for a slot (admitted or not).
@@ -86,6 +92,10 @@ impl Totals {
             + self.rejected_wait_expired
             + self.rejected_too_many_waiting
             + self.rejected_bytes
+            + self.rejected_closed
+            + self.rejected_cancelled
+            + self.rejected_saturated
+            + self.rejected_invalid_weight
     }
 
     fn since(&self, earlier: &Totals) -> Totals {
@@ -99,6 +109,7 @@ impl Totals {
             rejected_closed: self.rejected_closed - earlier.rejected_closed,
             rejected_cancelled: self.rejected_cancelled - earlier.rejected_cancelled,
             rejected_saturated: self.rejected_saturated - earlier.rejected_saturated,
+            rejected_invalid_weight: self.rejected_invalid_weight - earlier.rejected_invalid_weight,
             reclaimed: self.reclaimed - earlier.reclaimed,
             waits: self.waits - earlier.waits,
             wait_time: self.wait_time.saturating_sub(earlier.wait_time),

@@ -33,6 +33,9 @@ pub(crate) struct Waiters {
 #[derive(Debug)]
 pub(crate) struct Node {
     state: Mutex<NodeState>,
+    /// How many slots the caller takes.
+    weight: usize,
+    priority: i32,
 }
 
 #[derive(Debug)]
@@ -57,6 +60,10 @@ pub(crate) enum Arrival {
 }
 
 impl Node {
+    fn is_parked(&self) -> bool {
+        matches!(*lock(&self.state), NodeState::Parked(_))
+    }
+
     /// Whether a slot was handed to this caller and not yet taken.
     #[cfg(all(test, tower_inflight_loom))]
     pub(crate) fn is_granted(&self) -> bool {
@@ -94,6 +101,21 @@ impl Waiters {
         self.parked.load(Ordering::SeqCst) & !CLOSED
     }
 
+    /// How many callers of each priority are parked now.
+    pub(crate) fn depths(&self) -> std::collections::BTreeMap<i32, usize> {
+        lock(&self.queue).depths().clone()
+    }
+
+    /// How many callers of `priority` are parked now.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn depth(&self, priority: i32) -> usize {
+        lock(&self.queue)
+            .depths()
+            .get(&priority)
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// Refuses every arrival from now on, and every caller parked now.
     pub(crate) fn close(&self) {
         let mut queue = lock(&self.queue);
@@ -108,20 +130,22 @@ impl Waiters {
     }
 
     fn refuse_parked(&self, queue: &mut Line<Arc<Node>>, reason: ShedReason) {
-        for node in queue.drain() {
-            self.resolve(&node, NodeState::Refused(reason));
+        let nodes: Vec<_> = queue.drain().collect();
+        for node in nodes {
+            self.resolve(queue, &node, NodeState::Refused(reason));
         }
     }
 
     /// Ends the wait of the caller behind `node` with `outcome`, and wakes
     /// it; `false` if it was no longer parked (it gave up meanwhile).
-    fn resolve(&self, node: &Node, outcome: NodeState) -> bool {
+    fn resolve(&self, queue: &mut Line<Arc<Node>>, node: &Node, outcome: NodeState) -> bool {
         let mut state = lock(&node.state);
         let NodeState::Parked(waker) = &mut *state else {
             return false;
         };
         let waker = waker.take();
         *state = outcome;
+        queue.left(node.priority);
         self.parked.fetch_sub(1, Ordering::SeqCst);
         drop(state);
         if let Some(waker) = waker {
@@ -143,12 +167,17 @@ impl Waiters {
 
     /// A caller that may not wait, arriving while others are parked: it gets a
     /// slot only if one is still free once every parked caller has been served.
-    pub(crate) fn claim_behind_parked(&self, slots: &SlotTable, now: u64) -> Option<Claim> {
+    pub(crate) fn claim_behind_parked(
+        &self,
+        slots: &SlotTable,
+        now: u64,
+        weight: usize,
+    ) -> Option<Claim> {
         let mut queue = lock(&self.queue);
         self.dispatch(&mut queue, slots, now);
         if self.parked.load(Ordering::SeqCst) == 0 {
             // Nobody parked, and not closed.
-            slots.try_claim(now, Ordering::SeqCst)
+            slots.try_claim_weighted(now, weight, Ordering::SeqCst)
         } else {
             None
         }
@@ -163,6 +192,7 @@ impl Waiters {
         now: u64,
         max_parked: Option<usize>,
         priority: i32,
+        weight: usize,
     ) -> Arrival {
         let mut queue = lock(&self.queue);
         if self.is_closed() {
@@ -171,7 +201,7 @@ impl Waiters {
         self.dispatch(&mut queue, slots, now);
         let parked = self.count();
         if parked == 0 {
-            if let Some(claim) = slots.try_claim(now, Ordering::SeqCst) {
+            if let Some(claim) = slots.try_claim_weighted(now, weight, Ordering::SeqCst) {
                 return Arrival::Admitted(claim);
             }
         }
@@ -180,8 +210,10 @@ impl Waiters {
         }
         let node = Arc::new(Node {
             state: Mutex::new(NodeState::Parked(None)),
+            weight,
+            priority,
         });
-        queue.push(priority, node.clone());
+        queue.push(priority, weight, node.clone());
         self.parked.fetch_add(1, Ordering::SeqCst);
         loom_seqcst_fence();
         // A slot freed after the scan above, by a releaser that read
@@ -190,30 +222,37 @@ impl Waiters {
         Arrival::Parked(node)
     }
 
-    /// Hands free slots to parked callers, oldest first, until either runs out.
+    /// Hands free slots to parked callers in the line's order, until either
+    /// runs out. The head of the line is never bypassed: if it needs more
+    /// slots than are free, nobody behind it is served, and freed slots
+    /// stay free for it (the fast path is closed while anyone is parked).
     fn dispatch(&self, queue: &mut Line<Arc<Node>>, slots: &SlotTable, now: u64) {
         while self.count() > 0 {
-            let Some(claim) = slots.try_claim(now, Ordering::SeqCst) else {
+            let Some(head) = queue.peek_next(self.count()) else {
+                // `parked` and the queue disagree; never strand a caller's count.
+                self.parked.fetch_and(CLOSED, Ordering::SeqCst);
                 break;
             };
-            if !self.grant_oldest(queue, claim) {
-                // `parked` and the queue disagree; never strand the slot.
+            if !head.is_parked() {
+                // It gave up; it is skipped for free.
+                queue.pop_next(self.count());
+                continue;
+            }
+            let weight = head.weight;
+            let Some(claim) = slots.try_claim_weighted(now, weight, Ordering::SeqCst) else {
+                break;
+            };
+            let head = queue
+                .pop_next(self.count())
+                .expect("the line's head was just seen");
+            if !self.resolve(queue, &head, NodeState::Granted(claim)) {
+                // Cannot happen while the queue is locked; never strand the slot.
                 slots.release(&claim);
-                self.parked.fetch_and(CLOSED, Ordering::SeqCst);
             }
         }
         if self.count() == 0 {
             queue.clear();
         }
-    }
-
-    fn grant_oldest(&self, queue: &mut Line<Arc<Node>>, claim: Claim) -> bool {
-        while let Some(node) = queue.pop_next(self.count()) {
-            if self.resolve(&node, NodeState::Granted(claim)) {
-                return true;
-            }
-        }
-        false
     }
 
     /// The caller behind `node` checks for its slot, leaving its waker to be
@@ -266,6 +305,7 @@ impl Waiters {
         match std::mem::replace(&mut *state, NodeState::Done) {
             NodeState::Granted(claim) => Some(claim),
             NodeState::Parked(_) => {
+                queue.left(node.priority);
                 self.parked.fetch_sub(1, Ordering::SeqCst);
                 drop(state);
                 self.drop_finished_front(&mut queue);
