@@ -1,8 +1,10 @@
 //! The tower layer.
 
 use crate::bulkhead::Bulkhead;
+use crate::classified::ClassifiedLayer;
 use crate::config::{Config, ConfigError};
 use crate::service::Concurrency;
+use crate::ticket::Ticket;
 use tower_layer::Layer;
 
 /// Wraps services in a [`Concurrency`] bulkhead.
@@ -55,6 +57,46 @@ impl ConcurrencyLayer {
     /// The bulkhead shared by every service this layer wraps.
     pub fn bulkhead(&self) -> Bulkhead {
         self.bulkhead.clone()
+    }
+
+    /// A layer whose calls each carry a [`Ticket`] chosen from the request
+    /// by `classify`: a priority for the line of waiting callers (with a
+    /// [`QueueOrder`](crate::QueueOrder) that looks at it) and a weight in
+    /// slots. Waiting happens in the response future rather than in
+    /// `poll_ready`, since the ticket is known only with the request: see
+    /// [`Classified`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::{Service, ServiceBuilder, ServiceExt};
+    /// use tower_inflight::{ConcurrencyLayer, Config, QueueOrder, Ticket};
+    ///
+    /// enum Job { Lookup(u32), Report }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let layer = ConcurrencyLayer::new(
+    ///     Config::new(8, Duration::from_secs(30))
+    ///         .wait(Duration::from_millis(50))
+    ///         .queue_order(QueueOrder::PriorityFifo),
+    /// )
+    /// .classify(|job: &Job| match job {
+    ///     Job::Lookup(_) => Ticket::new(),                     // interactive: first in line
+    ///     Job::Report => Ticket::new().priority(10).weight(4), // batch: heavy, and it can wait
+    /// });
+    /// let mut service = ServiceBuilder::new()
+    ///     .layer(layer)
+    ///     .service_fn(|job: Job| async move {
+    ///         Ok::<_, std::convert::Infallible>(matches!(job, Job::Report))
+    ///     });
+    /// assert!(service.ready().await.unwrap().call(Job::Report).await.unwrap());
+    /// # }
+    /// ```
+    pub fn classify<F, Request>(self, classify: F) -> ClassifiedLayer<F>
+    where
+        F: Fn(&Request) -> Ticket + Clone,
+    {
+        ClassifiedLayer::new(self.bulkhead, classify)
     }
 }
 

@@ -103,6 +103,7 @@
 mod acquire;
 mod bulkhead;
 mod bytes;
+mod classified;
 mod clock;
 mod config;
 mod error;
@@ -130,6 +131,7 @@ mod waiters;
 
 pub use acquire::Acquire;
 pub use bulkhead::{Bulkhead, DrainTimedOut};
+pub use classified::{Classified, ClassifiedFuture, ClassifiedLayer};
 pub use clock::ManualClock;
 pub use config::{Config, ConfigError};
 pub use error::{ServiceSaturated, ShedReason};

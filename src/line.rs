@@ -44,7 +44,9 @@ pub enum QueueOrder {
 
 /// A comparator of waiting callers, for [`QueueOrder::custom`].
 #[derive(Clone)]
-pub struct Comparator(Arc<dyn Fn(&WaitingCall, &WaitingCall) -> Ordering + Send + Sync>);
+pub struct Comparator(Arc<CompareFn>);
+
+type CompareFn = dyn Fn(&WaitingCall, &WaitingCall) -> Ordering + Send + Sync;
 
 /// What a [`QueueOrder::custom`] comparator sees of a waiting caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
