@@ -153,7 +153,7 @@ fn loom_a_waiter_never_parks_beside_a_freed_slot() {
                 waiters.after_release(&table, &Clock::Manual(ManualClock::new()));
             })
         };
-        let arrival = waiters.arrive(&table, 1, None, 0);
+        let arrival = waiters.arrive(&table, 1, None, 0, 1);
         releaser.join().unwrap();
         let got_slot = match &arrival {
             Arrival::Admitted(_) => true,
@@ -163,5 +163,31 @@ fn loom_a_waiter_never_parks_beside_a_freed_slot() {
         assert!(got_slot, "the waiter parked although the slot came free");
         assert_eq!(waiters.parked(), 0);
         assert_eq!(table.held(1), 1);
+    });
+}
+
+/// A weighted claim of both slots races a plain claim of one: they never
+/// hold more than two slots between them, a weighted claim that loses a
+/// slot to the other gives back what it took, and everything is free at
+/// the end.
+#[test]
+fn loom_weighted_claim_is_all_or_nothing() {
+    loom::model(|| {
+        let table = Arc::new(SlotTable::new(2, HOLD, None));
+        let holders = Arc::new(AtomicUsize::new(0));
+        let heavy = {
+            let (table, holders) = (table.clone(), holders.clone());
+            thread::spawn(move || {
+                if let Some(claim) = table.try_claim_weighted(1, 2, Ordering::SeqCst) {
+                    let now = holders.fetch_add(2, Ordering::SeqCst) + 2;
+                    assert!(now <= 2, "{now} slots held of 2");
+                    holders.fetch_sub(2, Ordering::SeqCst);
+                    assert!(table.release(&claim));
+                }
+            })
+        };
+        hold_once(&table, &holders, 2);
+        heavy.join().unwrap();
+        assert_eq!(table.held(1), 0, "every slot is free at the end");
     });
 }

@@ -5,7 +5,9 @@ use super::service::HttpConcurrency;
 use crate::bulkhead::Bulkhead;
 use crate::config::{Config, ConfigError};
 use crate::error::ServiceSaturated;
+use crate::ticket::Ticket;
 use bytes::Bytes;
+use http::request::Parts;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,7 +48,13 @@ pub(crate) struct Settings {
     pub(crate) max_body: Option<u64>,
     pub(crate) retry_after: Option<Duration>,
     pub(crate) on_shed: Option<ShedResponder>,
+    /// Each request's ticket; `None`: every request is a plain one, and
+    /// waiting happens in `poll_ready`.
+    pub(crate) classify: Option<Classifier>,
 }
+
+/// What gives a request its ticket, seeing it before its body is read.
+pub(crate) type Classifier = Arc<dyn Fn(&Parts) -> Ticket + Send + Sync>;
 
 impl HttpConcurrencyLayer {
     /// A layer with a new bulkhead built from `config`.
@@ -104,6 +112,84 @@ impl HttpConcurrencyLayer {
         Arc::make_mut(&mut self.settings).on_shed = Some(Arc::new(respond));
         self
     }
+
+    /// Gives each request a [`Ticket`] (a priority in the line of waiting
+    /// callers, and a weight in slots) from its method, URI, headers and
+    /// extensions, before its body is read.
+    ///
+    /// With a classifier, the service waits in its response future rather
+    /// than in `poll_ready`, since the ticket is known only with the
+    /// request; see [`Classified`](crate::Classified) for what that means.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{routing::get, Router};
+    /// use tower_inflight::{http::HttpConcurrencyLayer, Config, QueueOrder, Ticket};
+    ///
+    /// let layer = HttpConcurrencyLayer::new(
+    ///     Config::new(32, Duration::from_secs(30))
+    ///         .wait(Duration::from_millis(100))
+    ///         .queue_order(QueueOrder::PriorityFifo),
+    /// )
+    /// .classify(|parts| {
+    ///     if parts.uri.path().starts_with("/reports") {
+    ///         Ticket::new().priority(10).weight(4) // heavy, and it can wait
+    ///     } else {
+    ///         Ticket::new()
+    ///     }
+    /// });
+    /// let app: Router = Router::new()
+    ///     .route("/", get(|| async { "hello" }))
+    ///     .route("/reports/daily", get(|| async { "report" }))
+    ///     .layer(layer);
+    /// # let _ = app;
+    /// ```
+    pub fn classify<F>(mut self, classify: F) -> Self
+    where
+        F: Fn(&Parts) -> Ticket + Send + Sync + 'static,
+    {
+        Arc::make_mut(&mut self.settings).classify = Some(Arc::new(classify));
+        self
+    }
+
+    /// Takes each request's [`Ticket`] from its extensions, where a
+    /// middleware in front of this layer put it (after authentication, say),
+    /// or the default ticket if there is none. A classifier of its own, as
+    /// [`classify`](Self::classify) describes.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{extract::Request, middleware::{self, Next}, routing::get, Router};
+    /// use tower_inflight::{http::HttpConcurrencyLayer, Config, QueueOrder, Ticket};
+    ///
+    /// async fn tag_batch_clients(mut request: Request, next: Next) -> axum::response::Response {
+    ///     if request.headers().contains_key("x-batch") {
+    ///         request.extensions_mut().insert(Ticket::new().priority(10));
+    ///     }
+    ///     next.run(request).await
+    /// }
+    ///
+    /// let bulkhead = HttpConcurrencyLayer::new(
+    ///     Config::new(32, Duration::from_secs(30))
+    ///         .wait(Duration::from_millis(100))
+    ///         .queue_order(QueueOrder::PriorityFifo),
+    /// )
+    /// .ticket_from_extensions();
+    /// let app: Router = Router::new()
+    ///     .route("/", get(|| async { "hello" }))
+    ///     .layer(bulkhead)
+    ///     .layer(middleware::from_fn(tag_batch_clients)); // runs first
+    /// # let _ = app;
+    /// ```
+    pub fn ticket_from_extensions(self) -> Self {
+        self.classify(|parts| {
+            parts
+                .extensions
+                .get::<Ticket>()
+                .copied()
+                .unwrap_or_default()
+        })
+    }
 }
 
 impl<S> Layer<S> for HttpConcurrencyLayer {
@@ -129,6 +215,7 @@ impl fmt::Debug for Settings {
             .field("max_body", &self.max_body)
             .field("retry_after", &self.retry_after)
             .field("on_shed", &self.on_shed.is_some())
+            .field("classify", &self.classify.is_some())
             .finish()
     }
 }

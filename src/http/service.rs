@@ -5,8 +5,10 @@ use super::layer::Settings;
 use super::request::declared_length;
 use super::reserved::ReservedBytes;
 use super::response;
+use crate::acquire::Acquire;
 use crate::bulkhead::Bulkhead;
-use crate::error::ServiceSaturated;
+use crate::error::{ServiceSaturated, ShedReason};
+use crate::permit::Permit;
 use crate::readiness::Readiness;
 use crate::sync::{Arc, Mutex};
 use bytes::Bytes;
@@ -62,29 +64,23 @@ impl<S> HttpConcurrency<S> {
     pub fn into_inner(self) -> S {
         self.inner
     }
-
-    fn shed_response(&self, shed: &ServiceSaturated) -> Response<Bytes> {
-        if let Some(respond) = &self.settings.on_shed {
-            return respond(shed);
-        }
-        let hint = self.settings.retry_after.unwrap_or(shed.retry_after());
-        response::service_unavailable(shed, response::retry_after_secs(hint))
-    }
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for HttpConcurrency<S>
 where
-    S: Service<Request<Limited<ReqBody>>, Response = Response<ResBody>>,
+    S: Service<Request<Limited<ReqBody>>, Response = Response<ResBody>> + Clone,
     ReqBody: Body,
     ResBody: Body<Data = Bytes>,
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future>;
+    type Future = ResponseFuture<S, ReqBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         ready!(self.inner.poll_ready(cx))?;
-        ready!(self.readiness.poll_ready(&self.bulkhead, cx));
+        if self.settings.classify.is_none() {
+            ready!(self.readiness.poll_ready(&self.bulkhead, cx));
+        }
         Poll::Ready(Ok(()))
     }
 
@@ -111,33 +107,104 @@ where
             None if request.body().is_end_stream() => Some(0),
             None => max_body,
         };
-        // Without a byte budget this reserves nothing.
-        let admitted = self.readiness.take(&self.bulkhead).and_then(|permit| {
-            let share = body_limit.unwrap_or(0);
-            self.bulkhead.shared().reserve_bytes(permit, share)
-        });
-        let permit = match admitted {
-            Ok(permit) => permit,
-            Err(shed) => return ResponseFuture::refused(self.shed_response(&shed)),
+        let (request, ticket) = match &self.settings.classify {
+            None => (request, None),
+            Some(classify) => {
+                let (parts, body) = request.into_parts();
+                let ticket = classify(&parts);
+                (Request::from_parts(parts, body), Some(ticket))
+            }
         };
-
-        let (mut parts, body) = request.into_parts();
-        let in_flight = if permit.bytes() > 0 {
-            let bytes = permit.bytes();
-            let permit = Arc::new(Mutex::new(Some(permit)));
-            parts
-                .extensions
-                .insert(ReservedBytes::new(bytes, permit.clone()));
-            InFlight::Shared(permit)
-        } else {
-            InFlight::Alone(permit)
+        let permit = match ticket {
+            None => self.readiness.take(&self.bulkhead),
+            Some(ticket) => {
+                let shared = self.bulkhead.shared();
+                match shared.try_claim_weighted(ticket.get_weight()) {
+                    Ok(claim) => Ok(Permit::new(shared.clone(), claim)),
+                    Err(ShedReason::LimitReached) if shared.config().wait.is_some() => {
+                        let clone = self.inner.clone();
+                        let admission = Admission {
+                            inner: std::mem::replace(&mut self.inner, clone),
+                            request,
+                            body_limit,
+                            bulkhead: self.bulkhead.clone(),
+                            settings: self.settings.clone(),
+                        };
+                        return ResponseFuture::waiting(
+                            self.bulkhead.acquire_with(ticket),
+                            admission,
+                        );
+                    }
+                    Err(reason) => Err(shared.saturated(reason)),
+                }
+            }
         };
-        let limit = body_limit.map_or(usize::MAX, |limit| {
-            usize::try_from(limit).unwrap_or(usize::MAX)
-        });
-        let request = Request::from_parts(parts, Limited::new(body, limit));
-        ResponseFuture::called(self.inner.call(request), in_flight)
+        match permit {
+            Ok(permit) => admit(
+                &mut self.inner,
+                &self.bulkhead,
+                &self.settings,
+                permit,
+                request,
+                body_limit,
+            ),
+            Err(shed) => ResponseFuture::refused(shed_response(&self.settings, &shed)),
+        }
     }
+}
+
+/// A request waiting for its slots, with the ready inner service that will
+/// take it once they are handed over.
+struct Admission<S, ReqBody> {
+    inner: S,
+    request: Request<ReqBody>,
+    body_limit: Option<u64>,
+    bulkhead: Bulkhead,
+    settings: Arc<Settings>,
+}
+
+/// Reserves the request's bytes beside its slot (none without a byte
+/// budget), and calls the inner service with a body that cannot outgrow them.
+fn admit<S, ReqBody, ResBody>(
+    inner: &mut S,
+    bulkhead: &Bulkhead,
+    settings: &Settings,
+    permit: Permit,
+    request: Request<ReqBody>,
+    body_limit: Option<u64>,
+) -> ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<Limited<ReqBody>>, Response = Response<ResBody>>,
+{
+    let share = body_limit.unwrap_or(0);
+    let permit = match bulkhead.shared().reserve_bytes(permit, share) {
+        Ok(permit) => permit,
+        Err(shed) => return ResponseFuture::refused(shed_response(settings, &shed)),
+    };
+    let (mut parts, body) = request.into_parts();
+    let in_flight = if permit.bytes() > 0 {
+        let bytes = permit.bytes();
+        let permit = Arc::new(Mutex::new(Some(permit)));
+        parts
+            .extensions
+            .insert(ReservedBytes::new(bytes, permit.clone()));
+        InFlight::Shared(permit)
+    } else {
+        InFlight::Alone(permit)
+    };
+    let limit = body_limit.map_or(usize::MAX, |limit| {
+        usize::try_from(limit).unwrap_or(usize::MAX)
+    });
+    let request = Request::from_parts(parts, Limited::new(body, limit));
+    ResponseFuture::called(inner.call(request), in_flight)
+}
+
+fn shed_response(settings: &Settings, shed: &ServiceSaturated) -> Response<Bytes> {
+    if let Some(respond) = &settings.on_shed {
+        return respond(shed);
+    }
+    let hint = settings.retry_after.unwrap_or(shed.retry_after());
+    response::service_unavailable(shed, response::retry_after_secs(hint))
 }
 
 impl<S: Clone> Clone for HttpConcurrency<S> {
@@ -164,23 +231,43 @@ impl<S: fmt::Debug> fmt::Debug for HttpConcurrency<S> {
 
 pin_project! {
     /// Future for [`HttpConcurrency`]'s responses: the inner call, whose
-    /// response body takes over the slot, or a refusal ready at once.
-    pub struct ResponseFuture<F> {
+    /// response body takes over the slot, or a refusal ready at once; with
+    /// a classifier, first the wait for slots.
+    pub struct ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<Limited<ReqBody>>>,
+    {
         #[pin]
-        kind: Kind<F>,
+        kind: Kind<S, ReqBody>,
     }
 }
 
 pin_project! {
     #[project = KindProj]
-    enum Kind<F> {
-        Called { #[pin] future: F, in_flight: Option<InFlight> },
+    enum Kind<S, ReqBody>
+    where
+        S: Service<Request<Limited<ReqBody>>>,
+    {
+        Waiting { #[pin] acquire: Acquire, admission: Option<Admission<S, ReqBody>> },
+        Called { #[pin] future: S::Future, in_flight: Option<InFlight> },
         Refused { response: Option<Response<Bytes>> },
     }
 }
 
-impl<F> ResponseFuture<F> {
-    fn called(future: F, in_flight: InFlight) -> Self {
+impl<S, ReqBody> ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<Limited<ReqBody>>>,
+{
+    fn waiting(acquire: Acquire, admission: Admission<S, ReqBody>) -> Self {
+        Self {
+            kind: Kind::Waiting {
+                acquire,
+                admission: Some(admission),
+            },
+        }
+    }
+
+    fn called(future: S::Future, in_flight: InFlight) -> Self {
         Self {
             kind: Kind::Called {
                 future,
@@ -198,37 +285,60 @@ impl<F> ResponseFuture<F> {
     }
 }
 
-impl<F, B, E> Future for ResponseFuture<F>
+impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
 where
-    F: Future<Output = Result<Response<B>, E>>,
+    S: Service<Request<Limited<ReqBody>>, Response = Response<ResBody>>,
 {
-    type Output = Result<Response<ResponseBody<B>>, E>;
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().kind.project() {
-            KindProj::Called { future, in_flight } => {
-                let output = ready!(future.poll(cx));
-                // On success the body carries the slot on; on error it is freed here.
-                let in_flight = in_flight.take();
-                Poll::Ready(
-                    output.map(|response| {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            match self.as_mut().project().kind.project() {
+                KindProj::Waiting { acquire, admission } => {
+                    let admitted = ready!(acquire.poll(cx));
+                    let Admission {
+                        mut inner,
+                        request,
+                        body_limit,
+                        bulkhead,
+                        settings,
+                    } = admission
+                        .take()
+                        .expect("`ResponseFuture` polled after completion");
+                    let next = match admitted {
+                        Ok(permit) => admit(
+                            &mut inner, &bulkhead, &settings, permit, request, body_limit,
+                        ),
+                        Err(shed) => Self::refused(shed_response(&settings, &shed)),
+                    };
+                    self.set(next);
+                }
+                KindProj::Called { future, in_flight } => {
+                    let output = ready!(future.poll(cx));
+                    // On success the body carries the slot on; on error it is freed here.
+                    let in_flight = in_flight.take();
+                    return Poll::Ready(output.map(|response| {
                         response.map(|body| ResponseBody::streaming(body, in_flight))
-                    }),
-                )
-            }
-            KindProj::Refused { response } => {
-                let response = response
-                    .take()
-                    .expect("`ResponseFuture` polled after completion");
-                Poll::Ready(Ok(response.map(ResponseBody::refusal)))
+                    }));
+                }
+                KindProj::Refused { response } => {
+                    let response = response
+                        .take()
+                        .expect("`ResponseFuture` polled after completion");
+                    return Poll::Ready(Ok(response.map(ResponseBody::refusal)));
+                }
             }
         }
     }
 }
 
-impl<F> fmt::Debug for ResponseFuture<F> {
+impl<S, ReqBody> fmt::Debug for ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<Limited<ReqBody>>>,
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match &self.kind {
+            Kind::Waiting { .. } => "waiting",
             Kind::Called { .. } => "called",
             Kind::Refused { .. } => "refused",
         };
