@@ -2,7 +2,9 @@
 //!
 //! Handles are registered once, when the bulkhead is built, so a call costs
 //! no key lookup and no allocation: install your recorder before building
-//! the bulkhead. Every metric carries the label `service` (the bulkhead's
+//! the bulkhead. The one exception is the gauge of callers waiting with each
+//! priority, registered the first time a caller waits with that priority,
+//! through the global recorder. Every metric carries the label `service` (the bulkhead's
 //! name, or `"bulkhead"`).
 
 use crate::error::ShedReason;
