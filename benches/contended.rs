@@ -1,7 +1,8 @@
 //! `try_acquire` + drop from two OS threads at once on one shared bulkhead
 //! (limit 25), next to the same on one shared `tokio::sync::Semaphore` (25
-//! permits), borrowed and owned (`try_acquire_owned` clones an `Arc`, as a
-//! bulkhead `Permit` does).
+//! permits), owned and borrowed on both sides (`try_acquire_owned` clones
+//! an `Arc`, as a bulkhead `Permit` does; `try_acquire_borrowed` does not,
+//! as tokio's `try_acquire` does not).
 //!
 //! Each measurement of `iters` iterations splits them between two threads
 //! that start together at a barrier; the time is from the first thread's
@@ -65,6 +66,15 @@ fn contended(c: &mut Criterion) {
         b.iter_custom(|iters| {
             run_threads(iters, || {
                 let permit = black_box(&ours).try_acquire();
+                black_box(permit.is_ok());
+            })
+        })
+    });
+
+    group.bench_function("ours_borrowed", |b| {
+        b.iter_custom(|iters| {
+            run_threads(iters, || {
+                let permit = black_box(&ours).try_acquire_borrowed();
                 black_box(permit.is_ok());
             })
         })

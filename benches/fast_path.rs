@@ -6,6 +6,13 @@
 //!   borrowed (`try_acquire`) and owned (`try_acquire_owned`, which also
 //!   clones an `Arc`).
 //! * `shed`: `try_acquire` when every slot / permit is held (the `Err` path).
+//! * `scheduling_unused`: the plain bulkhead's `try_acquire` + drop beside
+//!   the same on a bulkhead configured with a priority order, a wait budget
+//!   and the saturation signal, and beside `try_acquire_weighted(1)`: what
+//!   scheduling costs calls that do not use it. The three are measured in
+//!   turns of 1,000 calls, each timing only its own turns, so that drift on
+//!   a shared machine falls on all three alike rather than on whichever
+//!   criterion happens to run later.
 //! * `clock`: `std::time::Instant::now()` against the coarse clock the
 //!   bulkhead reads on every acquire, the reason `coarsetime` is a dependency.
 //!
@@ -15,7 +22,7 @@ mod support;
 
 use criterion::{black_box, criterion_main, Criterion};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use tower_inflight::{Bulkhead, Config, QueueOrder};
 
@@ -37,17 +44,9 @@ fn try_acquire_drop(c: &mut Criterion) {
         })
     });
 
-    // The scheduling options only order the line of waiting callers: with
-    // nobody waiting they must cost the fast path nothing.
-    let scheduled = Bulkhead::new(
-        Config::new(LIMIT, Duration::from_secs(30))
-            .wait(Duration::from_millis(50))
-            .queue_order(QueueOrder::PriorityFifo)
-            .saturation_signal(0.8, 20, Duration::from_secs(10)),
-    );
-    group.bench_function("ours_with_priorities_and_signal", |b| {
+    group.bench_function("ours_borrowed", |b| {
         b.iter(|| {
-            let permit = black_box(&scheduled).try_acquire();
+            let permit = black_box(&ours).try_acquire_borrowed();
             black_box(permit.is_ok());
         })
     });
@@ -68,6 +67,59 @@ fn try_acquire_drop(c: &mut Criterion) {
         })
     });
 
+    group.finish();
+}
+
+/// Times `turns[mine]` only, running every turn in order, `TURN` calls each,
+/// until `iters` of its own calls are done.
+fn interleaved(iters: u64, turns: &[&dyn Fn()], mine: usize) -> Duration {
+    const TURN: u64 = 1_000;
+    let mut timed = Duration::ZERO;
+    let mut left = iters;
+    while left > 0 {
+        let calls = left.min(TURN);
+        for (index, turn) in turns.iter().enumerate() {
+            let start = Instant::now();
+            for _ in 0..calls {
+                turn();
+            }
+            if index == mine {
+                timed += start.elapsed();
+            }
+        }
+        left -= calls;
+    }
+    timed
+}
+
+fn scheduling_unused(c: &mut Criterion) {
+    let mut group = c.benchmark_group("scheduling_unused");
+    let plain = bulkhead();
+    let scheduled = Bulkhead::new(
+        Config::new(LIMIT, RECLAIM_AFTER)
+            .wait(Duration::from_millis(50))
+            .queue_order(QueueOrder::PriorityFifo)
+            .saturation_signal(0.8, 20, Duration::from_secs(10)),
+    );
+    // Each takes a slot and drops it at once, as `try_acquire_drop` does.
+    let plain_call = || {
+        black_box(black_box(&plain).try_acquire().is_ok());
+    };
+    let scheduled_call = || {
+        black_box(black_box(&scheduled).try_acquire().is_ok());
+    };
+    let weight_one_call = || {
+        black_box(black_box(&plain).try_acquire_weighted(1).is_ok());
+    };
+    let turns: [&dyn Fn(); 3] = [&plain_call, &scheduled_call, &weight_one_call];
+    for (mine, name) in ["plain", "priorities_and_signal_configured", "weighted_1"]
+        .into_iter()
+        .enumerate()
+    {
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| interleaved(iters, &turns, mine))
+        });
+    }
     group.finish();
 }
 
@@ -111,6 +163,7 @@ fn clock(c: &mut Criterion) {
 fn benches() {
     let mut criterion = support::criterion(Duration::from_secs(2));
     try_acquire_drop(&mut criterion);
+    scheduling_unused(&mut criterion);
     shed(&mut criterion);
     clock(&mut criterion);
 }

@@ -14,7 +14,10 @@
 //! * `layer_round_trip_no_runtime`: the same minus `tower-resilience-bulkhead`,
 //!   each round trip polled once with a no-op waker
 //!   (`FutureExt::now_or_never`): no runtime at all, a cross-check that the
-//!   runtime context changes nothing for these four.
+//!   runtime context changes nothing for these four; and
+//!   `ConcurrencyLayer::classify` with a classifier that gives every request
+//!   the default ticket (`ours_classified`), what a classifier costs beside
+//!   `ours`.
 //!
 //! Run with `CARGO_TARGET_DIR=/work/target-bench cargo bench --bench layer`.
 
@@ -28,7 +31,7 @@ use std::time::{Duration, Instant};
 use support::Echo;
 use tower::limit::{ConcurrencyLimitLayer, GlobalConcurrencyLimitLayer};
 use tower::{Layer, Service, ServiceExt};
-use tower_inflight::{ConcurrencyLayer, Config};
+use tower_inflight::{ConcurrencyLayer, Config, Ticket};
 use tower_resilience_bulkhead::BulkheadLayer;
 
 const LIMIT: usize = 25;
@@ -142,6 +145,11 @@ fn layer_round_trip_no_runtime(c: &mut Criterion) {
     let mut group = c.benchmark_group("layer_round_trip_no_runtime");
     without_runtime(&mut group, "raw", Echo);
     without_runtime(&mut group, "ours", ours().layer(Echo));
+    without_runtime(
+        &mut group,
+        "ours_classified",
+        ours().classify(|_: &u64| Ticket::new()).layer(Echo),
+    );
     without_runtime(
         &mut group,
         "tower_concurrency_limit",

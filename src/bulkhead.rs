@@ -5,7 +5,7 @@ use crate::clock::Clock;
 use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::observe::Observer;
-use crate::permit::Permit;
+use crate::permit::{BorrowedPermit, Permit};
 use crate::saturation::SaturationSignal;
 use crate::slots::{Claim, SlotTable};
 use crate::status::{Rollups, Status, Totals};
@@ -112,6 +112,36 @@ impl Bulkhead {
         }
     }
 
+    /// [`try_acquire`](Self::try_acquire) for a permit that borrows the
+    /// bulkhead instead of sharing ownership of it, like tokio's
+    /// `Semaphore::try_acquire` beside `try_acquire_owned`.
+    ///
+    /// An owned [`Permit`] counts itself in and out of the bulkhead's
+    /// reference count, and every caller on every core writes that one
+    /// count; a borrowed permit writes only its own slot. Use it when the
+    /// slot lives within a scope that can borrow the bulkhead (a handler
+    /// that holds its `&Bulkhead` while it works). It is reclaimed, and
+    /// released, exactly as a [`Permit`] is.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_inflight::{Bulkhead, Config};
+    ///
+    /// let bulkhead = Bulkhead::new(Config::new(1, Duration::from_secs(30)));
+    /// {
+    ///     let _permit = bulkhead.try_acquire_borrowed().unwrap();
+    ///     assert!(bulkhead.try_acquire().is_err());
+    /// }
+    /// assert!(bulkhead.try_acquire().is_ok());
+    /// ```
+    #[inline]
+    pub fn try_acquire_borrowed(&self) -> Result<BorrowedPermit<'_>, ServiceSaturated> {
+        match self.shared.try_claim() {
+            Ok(claim) => Ok(BorrowedPermit::new(&self.shared, claim)),
+            Err(reason) => Err(self.shared.saturated(reason)),
+        }
+    }
+
     /// Takes a slot, waiting for one up to the configured `wait` budget.
     ///
     /// Without a `wait` budget this is [`try_acquire`](Self::try_acquire).
@@ -207,6 +237,7 @@ impl Bulkhead {
     /// drop(heavy);
     /// assert_eq!(bulkhead.in_flight(), 0);
     /// ```
+    #[inline]
     pub fn try_acquire_weighted(&self, weight: usize) -> Result<Permit, ServiceSaturated> {
         match self.shared.try_claim_weighted(weight) {
             Ok(claim) => Ok(Permit::new(self.shared.clone(), claim)),
@@ -455,7 +486,10 @@ impl Shared {
     /// The fast path: one load to see that nobody is parked (and that the
     /// bulkhead is open), one clock read, one compare-and-exchange on a free
     /// slot.
-    #[inline]
+    // `always`: the claim must reach the permit in registers; a call here
+    // returns it through memory, and the reload stalls (see the README's
+    // Performance).
+    #[inline(always)]
     pub(crate) fn try_claim(&self) -> Result<Claim, ShedReason> {
         let now = self.clock.now();
         if self.waiters.quiet() {
@@ -470,10 +504,16 @@ impl Shared {
     }
 
     /// [`try_claim`](Self::try_claim) for `weight` slots at once.
+    #[inline]
     pub(crate) fn try_claim_weighted(&self, weight: usize) -> Result<Claim, ShedReason> {
         if weight == 1 {
-            return self.try_claim();
+            self.try_claim()
+        } else {
+            self.try_claim_heavy(weight)
         }
+    }
+
+    fn try_claim_heavy(&self, weight: usize) -> Result<Claim, ShedReason> {
         if weight == 0 || weight > self.slots.len() {
             return Err(ShedReason::InvalidWeight);
         }
@@ -499,7 +539,7 @@ impl Shared {
     }
 
     /// Called for every permit made, in `Permit::new`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn admitted(&self, claim: &Claim) {
         if claim.reclaimed() || claim.sample() {
             self.admitted_rarely(claim);
@@ -535,7 +575,7 @@ impl Shared {
     }
 
     /// The holder of `claim` gives it back (in `Permit::drop`).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn release_permit(&self, claim: &Claim) {
         if self.slots.release(claim) {
             // The hold time costs a clock read: only sampled claims pay it,

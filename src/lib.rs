@@ -139,7 +139,7 @@ pub use event::Event;
 pub use future::ResponseFuture;
 pub use layer::ConcurrencyLayer;
 pub use line::{Comparator, QueueOrder, WaitingCall};
-pub use permit::{ByteReservation, Permit};
+pub use permit::{BorrowedPermit, ByteReservation, Permit};
 pub use service::Concurrency;
 pub use status::{Status, Totals, Window};
 pub use ticket::Ticket;

@@ -23,6 +23,47 @@ pub struct Permit {
     share: Share,
 }
 
+/// One slot of a [`Bulkhead`](crate::Bulkhead), borrowed from it for a
+/// scope, from [`Bulkhead::try_acquire_borrowed`](crate::Bulkhead::try_acquire_borrowed).
+///
+/// The same as a [`Permit`], without a share in the bulkhead's ownership:
+/// it cannot outlive the `&Bulkhead` it came from, and carries no bytes.
+#[must_use = "the slot is released as soon as the permit is dropped"]
+pub struct BorrowedPermit<'a> {
+    shared: &'a Shared,
+    claim: Claim,
+}
+
+impl<'a> BorrowedPermit<'a> {
+    #[inline]
+    pub(crate) fn new(shared: &'a Shared, claim: Claim) -> Self {
+        shared.admitted(&claim);
+        Self { shared, claim }
+    }
+
+    /// Whether this slot was reclaimed from an earlier holder that kept it
+    /// past `reclaim_after` without releasing it.
+    pub fn was_reclaimed(&self) -> bool {
+        self.claim.reclaimed()
+    }
+}
+
+impl Drop for BorrowedPermit<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.shared.release_permit(&self.claim);
+    }
+}
+
+impl fmt::Debug for BorrowedPermit<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BorrowedPermit")
+            .field("slot", &self.claim.index())
+            .field("bulkhead", &self.shared.config().name.as_deref())
+            .finish()
+    }
+}
+
 /// A share of a bulkhead's byte budget, returned when dropped.
 ///
 /// Split from a [`Permit`] with [`Permit::split_bytes`] when the bytes must
@@ -36,7 +77,7 @@ pub struct ByteReservation {
 }
 
 impl Permit {
-    #[inline]
+    #[inline(always)]
     pub(crate) fn new(shared: Arc<Shared>, claim: Claim) -> Self {
         shared.admitted(&claim);
         Self {
@@ -119,7 +160,7 @@ impl ByteReservation {
 }
 
 impl Drop for Permit {
-    #[inline]
+    #[inline(always)]
     fn drop(&mut self) {
         if self.share.bytes() != 0 {
             let share = self.take_bytes();

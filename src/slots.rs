@@ -175,7 +175,7 @@ impl SlotTable {
     }
 
     /// Takes the first free slot at or after this thread's start index.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn try_claim(&self, now: u64, order: Ordering) -> Option<Claim> {
         let (index, word, until) = self.take_free(now, order)?;
         let slot = &self.slots[index];
@@ -281,7 +281,7 @@ impl SlotTable {
     /// Frees the slot if it still holds the claim's word. Returns whether it
     /// did: `false` means the slot was reclaimed or reset since, and belongs
     /// to someone else now.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn release(&self, claim: &Claim) -> bool {
         if claim.is_weighted() {
             self.release_companions(claim);
@@ -289,7 +289,7 @@ impl SlotTable {
         self.release_one(claim)
     }
 
-    #[inline]
+    #[inline(always)]
     fn release_one(&self, claim: &Claim) -> bool {
         let freed = generation(claim.word());
         self.slots[claim.index()]

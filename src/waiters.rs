@@ -157,12 +157,17 @@ impl Waiters {
     /// Called after a slot is freed: hands free slots to parked callers. The
     /// `SeqCst` load pairs with the `SeqCst` release in the slot table (see
     /// the slot table's "Memory ordering").
-    #[inline]
+    #[inline(always)]
     pub(crate) fn after_release(&self, slots: &SlotTable, clock: &Clock) {
         loom_seqcst_fence();
         if self.count() > 0 {
-            self.dispatch(&mut lock(&self.queue), slots, clock.now());
+            self.dispatch_after_release(slots, clock);
         }
+    }
+
+    #[cold]
+    fn dispatch_after_release(&self, slots: &SlotTable, clock: &Clock) {
+        self.dispatch(&mut lock(&self.queue), slots, clock.now());
     }
 
     /// A caller that may not wait, arriving while others are parked: it gets a

@@ -274,3 +274,18 @@ fn service_saturated_survives_boxing_and_downcasting() {
     assert_eq!(shed.reason(), ShedReason::LimitReached);
     assert_eq!((shed.name(), shed.limit()), (Some("search"), 1));
 }
+
+#[test]
+fn a_borrowed_permit_holds_its_slot_until_dropped_and_counts_as_admitted() {
+    let bulkhead = Bulkhead::new(Config::new(2, Duration::from_secs(30)));
+    let first = bulkhead.try_acquire_borrowed().unwrap();
+    let second = bulkhead.try_acquire_borrowed().unwrap();
+    assert!(!first.was_reclaimed());
+    let shed = bulkhead.try_acquire_borrowed().unwrap_err();
+    assert_eq!(shed.reason(), ShedReason::LimitReached);
+    drop(first);
+    assert_eq!(bulkhead.in_flight(), 1);
+    drop(second);
+    assert_eq!(bulkhead.in_flight(), 0);
+    assert_eq!(bulkhead.status().totals.admitted, 2);
+}

@@ -21,7 +21,9 @@ async fn the_waiting_gauge_of_each_priority_follows_its_callers() {
             .filter_map(|(key, _, _, value)| {
                 let key = key.key();
                 if key.name() != "tower_inflight_waiting_by_priority"
-                    || !key.labels().any(|l| l.key() == "service" && l.value() == "db")
+                    || !key
+                        .labels()
+                        .any(|l| l.key() == "service" && l.value() == "db")
                 {
                     return None;
                 }

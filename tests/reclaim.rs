@@ -295,3 +295,16 @@ async fn forgotten_acquire_that_was_handed_a_slot_is_reclaimed() {
     clock.advance(NANO);
     assert!(bulkhead.try_acquire().unwrap().was_reclaimed());
 }
+
+#[test]
+fn forgotten_borrowed_permit_is_reclaimed_and_its_late_drop_frees_nothing() {
+    let (bulkhead, clock) = manual(1);
+    let leaked = bulkhead.try_acquire_borrowed().unwrap();
+    clock.advance(RECLAIM);
+    let newer = bulkhead.try_acquire().unwrap();
+    assert!(newer.was_reclaimed());
+    drop(leaked);
+    assert_eq!(bulkhead.in_flight(), 1, "the newer holder keeps its slot");
+    drop(newer);
+    assert_eq!(bulkhead.in_flight(), 0);
+}
