@@ -61,6 +61,7 @@ impl Place {
             if let Some(signal) = self.shared.saturation() {
                 signal.wait_ended(admitted, self.probe);
             }
+            self.shared.wait_ended();
             #[cfg(feature = "metrics")]
             self.shared
                 .observer()
@@ -112,6 +113,7 @@ impl Future for Acquire {
                         return Poll::Ready(Err(shared.saturated(ShedReason::Saturated)));
                     }
                     let probe = verdict == Verdict::Probe;
+                    let wait = shared.wait_budget(wait);
                     let arrival = shared.waiters().arrive(
                         shared.slots(),
                         shared.now(),

@@ -2,6 +2,7 @@
 
 use crate::acquire::Acquire;
 use crate::clock::Clock;
+use crate::codel::Codel;
 use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::observe::Observer;
@@ -54,6 +55,7 @@ pub(crate) struct Shared {
     waiters: Waiters,
     observer: Observer,
     saturation: Option<SaturationSignal>,
+    codel: Option<Codel>,
     config: Config,
 }
 
@@ -93,6 +95,7 @@ impl Bulkhead {
             waiters: Waiters::new(config.queue_order.clone()),
             observer,
             saturation: config.saturation_signal.map(SaturationSignal::new),
+            codel: config.codel.map(Codel::new),
             config,
         };
         Ok(Self {
@@ -382,6 +385,10 @@ impl Bulkhead {
                 .saturation
                 .as_ref()
                 .is_some_and(SaturationSignal::is_raised),
+            waits_cut_short: shared
+                .codel
+                .as_ref()
+                .is_some_and(|codel| codel.is_cutting(shared.waiters.parked())),
             bytes_reserved: self.bytes_reserved(),
             max_bytes: self.max_bytes(),
             totals,
@@ -609,6 +616,22 @@ impl Shared {
 
     pub(crate) fn saturation(&self) -> Option<&SaturationSignal> {
         self.saturation.as_ref()
+    }
+
+    /// The wait budget of a caller about to park: `wait`, or CoDel's
+    /// target while the line stands.
+    pub(crate) fn wait_budget(&self, wait: Duration) -> Duration {
+        match &self.codel {
+            Some(codel) => codel.budget(wait, self.waiters.parked()),
+            None => wait,
+        }
+    }
+
+    /// A wait ended: if the line is empty now, CoDel's interval restarts.
+    pub(crate) fn wait_ended(&self) {
+        if let Some(codel) = &self.codel {
+            codel.seen(self.waiters.parked());
+        }
     }
 
     /// Adds `bytes` to `permit`, or drops it (handing its slot on) if the

@@ -2,6 +2,7 @@
 
 use crate::bytes::MAX_BYTES;
 use crate::clock::ManualClock;
+use crate::codel::CodelSettings;
 use crate::event::{Event, Hook};
 use crate::line::QueueOrder;
 use crate::saturation::Thresholds;
@@ -42,6 +43,7 @@ pub struct Config {
     pub(crate) on_event: Option<Hook>,
     pub(crate) saturation_signal: Option<Thresholds>,
     pub(crate) queue_order: QueueOrder,
+    pub(crate) codel: Option<CodelSettings>,
 }
 
 impl Config {
@@ -63,6 +65,7 @@ impl Config {
             on_event: None,
             saturation_signal: None,
             queue_order: QueueOrder::Fifo,
+            codel: None,
         }
     }
 
@@ -140,6 +143,29 @@ impl Config {
         self
     }
 
+    /// Cuts new waits to `target` once the line of waiting callers has not
+    /// emptied for `interval` (CoDel, as in Meta's "Fail at Scale"). A line
+    /// that empties now and then is absorbing bursts, and gets the whole
+    /// [`wait`](Self::wait) budget; one that has stood for a whole interval
+    /// is a standing queue, where long waits only add latency and mostly
+    /// expire. Callers already waiting keep their budget. `target` must be
+    /// above zero and shorter than `wait`, `interval` above zero; typical
+    /// values are a few milliseconds and about a hundred.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_inflight::Config;
+    ///
+    /// let config = Config::new(32, Duration::from_secs(30))
+    ///     .wait(Duration::from_millis(200))
+    ///     .codel(Duration::from_millis(5), Duration::from_millis(100));
+    /// assert!(config.validate().is_ok());
+    /// ```
+    pub fn codel(mut self, target: Duration, interval: Duration) -> Self {
+        self.codel = Some(CodelSettings { target, interval });
+        self
+    }
+
     /// Calls `hook` for every [`Event`]: a call admitted or shed, a slot
     /// reclaimed, a wait ended. The hook runs on the caller's thread, inside
     /// the bulkhead's bookkeeping, so it must be quick and must not block;
@@ -213,6 +239,23 @@ impl Config {
                     "saturation_signal",
                     "min_waits and window must be above zero: the signal needs waits to judge by"
                         .into(),
+                ));
+            }
+        }
+        if let Some(codel) = self.codel {
+            if codel.target.is_zero() || codel.interval.is_zero() {
+                return Err(ConfigError::new(
+                    "codel",
+                    "target and interval must be above zero".into(),
+                ));
+            }
+            if self.wait.is_some_and(|wait| codel.target >= wait) {
+                return Err(ConfigError::new(
+                    "codel",
+                    format!(
+                        "target {:?} must be shorter than wait ({:?}): it is the cut-down wait",
+                        codel.target, self.wait
+                    ),
                 ));
             }
         }

@@ -105,6 +105,7 @@ mod bulkhead;
 mod bytes;
 mod classified;
 mod clock;
+mod codel;
 mod config;
 mod error;
 mod event;

@@ -35,6 +35,9 @@ pub struct Status {
     /// Whether the saturation signal is up: callers that find every slot
     /// held are shed at once instead of waiting.
     pub saturation_signal: bool,
+    /// Whether new waits are cut to CoDel's target now, the line having
+    /// stood for a whole interval ([`Config::codel`](crate::Config::codel)).
+    pub waits_cut_short: bool,
     /// Bytes of the byte budget reserved now.
     pub bytes_reserved: u64,
     /// The byte budget, if there is one.
