@@ -29,6 +29,8 @@ const MAX_BYTES: u64 = 1_000;
 enum Op {
     TryAcquire,
     TryAcquireBytes(u64),
+    /// `try_acquire_weighted`, with weights from 0 to one over the largest limit.
+    TryAcquireWeighted(usize),
     /// Drops a held permit (any of them: it may have been reclaimed or reset).
     Release(Index),
     /// `mem::forget`s a held permit.
@@ -45,6 +47,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         5 => Just(Op::TryAcquire),
         5 => (0..=700u64).prop_map(Op::TryAcquireBytes),
+        3 => (0..=5usize).prop_map(Op::TryAcquireWeighted),
         5 => any::<Index>().prop_map(Op::Release),
         2 => any::<Index>().prop_map(Op::Forget),
         2 => any::<Index>().prop_map(Op::SplitBytes),
@@ -80,6 +83,8 @@ struct Held {
     permit: Permit,
     id: u64,
     position: usize,
+    /// The other slots of a weighted permit.
+    companions: Vec<usize>,
     bytes: u64,
     epoch: Option<u64>,
 }
@@ -107,6 +112,7 @@ enum Admission {
     Admitted {
         id: u64,
         position: usize,
+        companions: Vec<usize>,
         reclaimed: bool,
         bytes: u64,
     },
@@ -165,6 +171,7 @@ impl Model {
             return Admission::Admitted {
                 id,
                 position,
+                companions: Vec::new(),
                 reclaimed,
                 bytes: 0,
             };
@@ -192,8 +199,49 @@ impl Model {
         Admission::Admitted {
             id,
             position,
+            companions: Vec::new(),
             reclaimed,
             bytes,
+        }
+    }
+
+    /// A weighted acquire takes the first `weight` free slots in scan order
+    /// (the last of them stands for the permit) or none.
+    fn acquire_weighted(&mut self, weight: usize) -> Admission {
+        if weight == 0 || weight > self.limit {
+            return Admission::Shed(ShedReason::InvalidWeight);
+        }
+        if weight == 1 {
+            return self.acquire(0);
+        }
+        let free: Vec<usize> = (0..self.limit)
+            .filter(|&position| !self.is_live(&self.slots[position]))
+            .collect();
+        if free.len() < weight {
+            return Admission::Shed(ShedReason::LimitReached);
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut reclaimed = false;
+        for &position in &free[..weight] {
+            let slot = &mut self.slots[position];
+            if slot.holder.is_some() {
+                reclaimed = true;
+                if let Some((_, abandoned)) = slot.record.take() {
+                    self.reserved = self.reserved.saturating_sub(abandoned);
+                }
+            }
+            slot.holder = Some(Holder {
+                id,
+                deadline: self.now + HOLD_US,
+            });
+        }
+        Admission::Admitted {
+            id,
+            position: free[weight - 1],
+            companions: free[..weight - 1].to_vec(),
+            reclaimed,
+            bytes: 0,
         }
     }
 
@@ -220,8 +268,10 @@ impl Model {
             let bytes = self.take_bytes(held.id, held.position, held.bytes);
             self.give_back(bytes, held.epoch);
         }
-        if self.still_holds(held.id, held.position) {
-            self.slots[held.position].holder = None;
+        for &position in held.companions.iter().chain([&held.position]) {
+            if self.still_holds(held.id, position) {
+                self.slots[position].holder = None;
+            }
         }
     }
 
@@ -271,6 +321,11 @@ impl Harness {
                 let expected = self.model.acquire(bytes);
                 self.check_admission(actual, expected)?;
             }
+            Op::TryAcquireWeighted(weight) => {
+                let actual = self.bulkhead.try_acquire_weighted(weight);
+                let expected = self.model.acquire_weighted(weight);
+                self.check_admission(actual, expected)?;
+            }
             Op::Release(index) => {
                 if !self.held.is_empty() {
                     self.release_at(index.index(self.held.len()))?;
@@ -280,9 +335,11 @@ impl Harness {
                 if self.held.is_empty() {
                     return Ok(());
                 }
-                let Held { permit, .. } = self.held.remove(index.index(self.held.len()));
+                let Held {
+                    permit, companions, ..
+                } = self.held.remove(index.index(self.held.len()));
                 std::mem::forget(permit);
-                self.model.forgotten += 1;
+                self.model.forgotten += 1 + companions.len();
             }
             Op::SplitBytes(index) => {
                 if self.held.is_empty() {
@@ -323,7 +380,11 @@ impl Harness {
 
     fn release_at(&mut self, i: usize) -> Result<(), TestCaseError> {
         let held = self.held.remove(i);
-        let superseded = !self.model.still_holds(held.id, held.position);
+        let superseded = held
+            .companions
+            .iter()
+            .chain([&held.position])
+            .all(|&position| !self.model.still_holds(held.id, position));
         let before = (self.bulkhead.in_flight(), self.bulkhead.bytes_reserved());
         self.model.release(&held);
         drop(held.permit);
@@ -354,6 +415,7 @@ impl Harness {
                 Admission::Admitted {
                     id,
                     position,
+                    companions,
                     reclaimed,
                     bytes,
                 },
@@ -365,6 +427,7 @@ impl Harness {
                     permit,
                     id,
                     position,
+                    companions,
                     bytes,
                     epoch,
                 });
@@ -412,18 +475,34 @@ impl Harness {
 
         // More permits alive than `limit` only because some were superseded:
         // their slots were reclaimed from under them (a slow holder) or reset.
+        let slots_of = |held: &Held| -> Vec<usize> {
+            held.companions
+                .iter()
+                .copied()
+                .chain([held.position])
+                .collect()
+        };
         let current = self
             .held
             .iter()
-            .filter(|held| model.still_holds(held.id, held.position))
+            .flat_map(|held| {
+                slots_of(held)
+                    .into_iter()
+                    .map(move |position| (held.id, position))
+            })
+            .filter(|&(id, position)| model.still_holds(id, position))
             .count();
         prop_assert!(current <= model.limit);
         let live_and_held = self
             .held
             .iter()
-            .filter(|held| {
-                model.still_holds(held.id, held.position)
-                    && model.is_live(&model.slots[held.position])
+            .flat_map(|held| {
+                slots_of(held)
+                    .into_iter()
+                    .map(move |position| (held.id, position))
+            })
+            .filter(|&(id, position)| {
+                model.still_holds(id, position) && model.is_live(&model.slots[position])
             })
             .count();
         prop_assert!(
