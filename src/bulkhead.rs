@@ -369,6 +369,8 @@ impl Bulkhead {
         let now = shared.clock.now();
         let in_flight = shared.slots.held(now);
         let totals = shared.totals();
+        // Read together, so that the two add up.
+        let waiting_by_priority = shared.waiters.depths();
         let rollups = &shared.observer.rollups;
         rollups.see_in_flight(in_flight);
         rollups.turn(now - 1, totals, in_flight);
@@ -379,8 +381,8 @@ impl Bulkhead {
             limit: self.limit(),
             in_flight,
             available: self.limit() - in_flight,
-            waiting: self.waiting(),
-            waiting_by_priority: shared.waiters.depths(),
+            waiting: waiting_by_priority.values().sum(),
+            waiting_by_priority,
             saturation_signal: shared
                 .saturation
                 .as_ref()
@@ -520,20 +522,13 @@ impl Shared {
         }
     }
 
+    /// Under the waiter queue's lock: a weighted claim that has to give
+    /// back the slots it took frees them where no caller can park unseen.
     fn try_claim_heavy(&self, weight: usize) -> Result<Claim, ShedReason> {
         if weight == 0 || weight > self.slots.len() {
             return Err(ShedReason::InvalidWeight);
         }
-        let now = self.clock.now();
-        if self.waiters.quiet() {
-            if let Some(claim) = self.slots.try_claim_weighted(now, weight, Ordering::SeqCst) {
-                return Ok(claim);
-            }
-            if self.waiters.quiet() {
-                return Err(ShedReason::LimitReached);
-            }
-        }
-        self.claim_behind_parked(now, weight)
+        self.claim_behind_parked(self.clock.now(), weight)
     }
 
     fn claim_behind_parked(&self, now: u64, weight: usize) -> Result<Claim, ShedReason> {
@@ -555,7 +550,9 @@ impl Shared {
         if self.observer.rollups.minute_turned(at.saturating_sub(1)) {
             self.turn_minute(at, 1);
         }
-        self.observer.admitted(claim.reclaimed(), claim.weight());
+        // Reclaimed slots were counted as held already.
+        self.observer
+            .admitted(claim.weight() - claim.reclaimed_slots());
     }
 
     /// Records the totals as they were when the minute of `now` began, that
@@ -572,7 +569,9 @@ impl Shared {
     #[cold]
     fn admitted_rarely(&self, claim: &Claim) {
         if claim.reclaimed() {
-            self.observer.reclaimed();
+            for _ in 0..claim.reclaimed_slots() {
+                self.observer.reclaimed();
+            }
             self.observer.bytes(|| self.slots.bytes_reserved());
         }
         if claim.sample() {
@@ -584,7 +583,8 @@ impl Shared {
     /// The holder of `claim` gives it back (in `Permit::drop`).
     #[inline(always)]
     pub(crate) fn release_permit(&self, claim: &Claim) {
-        if self.slots.release(claim) {
+        let freed = self.slots.release(claim);
+        if freed > 0 {
             // The hold time costs a clock read: only sampled claims pay it,
             // and only for the metrics that record it.
             let held = (cfg!(feature = "metrics") && claim.sample()).then(|| {
@@ -594,7 +594,7 @@ impl Shared {
                     .saturating_sub(self.slots.claimed_at(claim));
                 self.clock.duration(held)
             });
-            self.observer.released(held, claim.weight());
+            self.observer.released(held, freed);
         }
         // The clock is read only if somebody is parked.
         self.waiters.after_release(&self.slots, &self.clock);

@@ -163,8 +163,14 @@ impl ServiceSaturated {
     }
 
     /// `503 Service Unavailable`: the server's own bulkhead refused the call.
+    /// Except for [`ShedReason::InvalidWeight`], which no retry can cure: a
+    /// classifier asked for a weight the bulkhead cannot give, a server bug,
+    /// so `500 Internal Server Error`.
     pub fn http_status(&self) -> http::StatusCode {
-        http::StatusCode::SERVICE_UNAVAILABLE
+        match self.reason {
+            ShedReason::InvalidWeight => http::StatusCode::INTERNAL_SERVER_ERROR,
+            _ => http::StatusCode::SERVICE_UNAVAILABLE,
+        }
     }
 }
 

@@ -141,6 +141,13 @@ impl PartialEq for QueueOrder {
 
 impl Eq for QueueOrder {}
 
+/// Where an entry is in a [`Line`], from `peek_next`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Place {
+    Keyed((i64, u64)),
+    Compared(usize),
+}
+
 /// The parked callers. The built-in orders are keyed so that the map's
 /// first entry is the next to be served (for `AdaptiveLifo`, the first or
 /// the last, by length); a custom order is searched.
@@ -188,31 +195,34 @@ impl<T> Line<T> {
         self.keyed.insert(key, (call, entry));
     }
 
-    /// The next entry to serve, `waiting` being how many are really parked.
-    pub(crate) fn peek_next(&self, waiting: usize) -> Option<&T> {
+    /// The next entry to serve, `waiting` being how many are really
+    /// parked, and where it is, to [`take`](Self::take) it.
+    pub(crate) fn peek_next(&self, waiting: usize) -> Option<(Place, &T)> {
         match &self.order {
             QueueOrder::AdaptiveLifo { after } if waiting > *after => {
-                self.keyed.last_key_value().map(|(_, (_, entry))| entry)
+                self.keyed.last_key_value().map(keyed_place)
             }
-            QueueOrder::Custom(compare) => {
-                self.first_compared(compare).map(|at| &self.compared[at].1)
-            }
-            _ => self.keyed.first_key_value().map(|(_, (_, entry))| entry),
+            QueueOrder::Custom(compare) => self
+                .first_compared(compare)
+                .map(|at| (Place::Compared(at), &self.compared[at].1)),
+            _ => self.keyed.first_key_value().map(keyed_place),
         }
     }
 
-    /// Takes the entry [`peek_next`](Self::peek_next) shows.
-    pub(crate) fn pop_next(&mut self, waiting: usize) -> Option<T> {
-        match &self.order {
-            QueueOrder::AdaptiveLifo { after } if waiting > *after => {
-                self.keyed.pop_last().map(|(_, (_, entry))| entry)
-            }
-            QueueOrder::Custom(compare) => {
-                let at = self.first_compared(compare)?;
-                Some(self.compared.swap_remove(at).1)
-            }
-            _ => self.keyed.pop_first().map(|(_, (_, entry))| entry),
+    /// Takes the entry at `place`, as [`peek_next`](Self::peek_next) gave it.
+    pub(crate) fn take(&mut self, place: Place) -> T {
+        match place {
+            Place::Keyed(key) => self.keyed.remove(&key).map(|(_, entry)| entry),
+            Place::Compared(at) => Some(self.compared.swap_remove(at).1),
         }
+        .expect("a place in the line was taken twice")
+    }
+
+    /// Takes the next entry to serve.
+    #[cfg(test)]
+    pub(crate) fn pop_next(&mut self, waiting: usize) -> Option<T> {
+        let (place, _) = self.peek_next(waiting)?;
+        Some(self.take(place))
     }
 
     fn first_compared(&self, compare: &Comparator) -> Option<usize> {
@@ -270,6 +280,10 @@ impl<T> Line<T> {
         self.compared.clear();
         self.depths.clear();
     }
+}
+
+fn keyed_place<'a, T>((key, (_, entry)): (&(i64, u64), &'a (WaitingCall, T))) -> (Place, &'a T) {
+    (Place::Keyed(*key), entry)
 }
 
 impl<T> Default for Line<T> {

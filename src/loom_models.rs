@@ -24,7 +24,7 @@ fn hold_once(table: &SlotTable, holders: &AtomicUsize, limit: usize) -> bool {
     assert!(now <= limit, "{now} holders of {limit} slots");
     holders.fetch_sub(1, Ordering::SeqCst);
     assert!(
-        table.release(&claim),
+        table.release(&claim) == 1,
         "a release found its slot taken by another"
     );
     true
@@ -86,7 +86,7 @@ fn loom_late_release_never_frees_the_reclaimer_slot() {
         };
         // The late holder gives back its bytes (if still recorded), then its slot.
         let late_bytes = table.unrecord_bytes(&old, 600);
-        let late_slot = table.release(&old);
+        let late_slot = table.release(&old) > 0;
         let claim = reclaimer.join().unwrap();
         match claim {
             Some(claim) => {
@@ -104,7 +104,7 @@ fn loom_late_release_never_frees_the_reclaimer_slot() {
                 let reserved = table.bytes_reserved();
                 let expected = if late_bytes { 300 + 600 } else { 300 };
                 assert_eq!(reserved, expected);
-                assert!(table.release(&claim));
+                assert_eq!(table.release(&claim), 1);
             }
             None => assert!(
                 late_slot,
@@ -126,14 +126,14 @@ fn loom_reset_in_the_same_tick_keeps_the_new_holder() {
                 table.try_claim(1, Ordering::Relaxed)
             })
         };
-        let late = table.release(&old);
+        let late = table.release(&old) > 0;
         if let Some(new) = resetter.join().unwrap() {
             assert_eq!(
                 table.held(1),
                 1,
                 "the old permit freed the new holder's slot"
             );
-            assert!(table.release(&new));
+            assert_eq!(table.release(&new), 1);
             let _ = late;
         }
         assert_eq!(table.held(1), 0);
@@ -182,7 +182,7 @@ fn loom_weighted_claim_is_all_or_nothing() {
                     let now = holders.fetch_add(2, Ordering::SeqCst) + 2;
                     assert!(now <= 2, "{now} slots held of 2");
                     holders.fetch_sub(2, Ordering::SeqCst);
-                    assert!(table.release(&claim));
+                    assert_eq!(table.release(&claim), 2, "both slots freed");
                 }
             })
         };

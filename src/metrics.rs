@@ -23,6 +23,9 @@ pub(crate) const BYTES_RESERVED: &str = "tower_inflight_bytes_reserved";
 pub(crate) const WAIT_SECONDS: &str = "tower_inflight_wait_seconds";
 pub(crate) const HOLD_SECONDS: &str = "tower_inflight_hold_seconds";
 
+/// How many priorities get a waiting gauge of their own.
+pub(crate) const MAX_PRIORITY_GAUGES: usize = 32;
+
 #[derive(Debug)]
 pub(crate) struct Metrics {
     pub(crate) admitted: Counter,
@@ -60,9 +63,15 @@ impl Metrics {
         }
     }
 
-    /// Sets the gauge of callers of `priority` waiting now.
+    /// Sets the gauge of callers of `priority` waiting now. Only the first
+    /// `MAX_PRIORITY_GAUGES` priorities seen get a gauge: priorities may come
+    /// from request data, and each would be a time series.
     pub(crate) fn waiting_by_priority(&self, priority: i32, waiting: usize) {
-        lock(&self.waiting_by_priority)
+        let mut gauges = lock(&self.waiting_by_priority);
+        if gauges.len() >= MAX_PRIORITY_GAUGES && !gauges.contains_key(&priority) {
+            return;
+        }
+        gauges
             .entry(priority)
             .or_insert_with(|| {
                 gauge!(WAITING_BY_PRIORITY, "service" => self.service.clone(), "priority" => priority.to_string())

@@ -54,23 +54,23 @@ impl Observer {
         }
     }
 
-    /// A permit of `slots` slots was granted. `took_over`: it was
-    /// reclaimed, so it was counted as held already.
+    /// A permit was granted, holding `newly_held` slots that were not
+    /// counted as held before (reclaimed ones were).
     #[inline]
-    pub(crate) fn admitted(&self, took_over: bool, slots: usize) {
+    pub(crate) fn admitted(&self, newly_held: usize) {
         self.emit(Event::Admitted);
         #[cfg(feature = "metrics")]
         {
             self.metrics.admitted.increment(1);
-            if !took_over {
-                self.metrics.in_flight.increment(slots as f64);
+            if newly_held > 0 {
+                self.metrics.in_flight.increment(newly_held as f64);
             }
         }
-        let _ = (took_over, slots);
+        let _ = newly_held;
     }
 
-    /// A permit of `slots` slots was released by its holder, after `held` if
-    /// it was measured.
+    /// A permit's holder freed `slots` slots, after `held` if it was
+    /// measured.
     #[inline]
     pub(crate) fn released(&self, held: Option<Duration>, slots: usize) {
         #[cfg(feature = "metrics")]
@@ -113,7 +113,15 @@ impl Observer {
         #[cfg(feature = "metrics")]
         self.metrics.rejected[reason.index()].increment(1);
         #[cfg(feature = "tracing")]
-        tracing::debug!(service = %self.service, limit, reason = reason.as_str(), "bulkhead shed a call");
+        if reason == ShedReason::InvalidWeight {
+            tracing::warn!(
+                service = %self.service,
+                limit,
+                "bulkhead refused a call whose weight was 0 or over the limit: a classifier bug"
+            );
+        } else {
+            tracing::debug!(service = %self.service, limit, reason = reason.as_str(), "bulkhead shed a call");
+        }
     }
 
     pub(crate) fn waited(&self, waited: Duration, admitted: bool, waiting_now: usize) {

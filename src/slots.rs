@@ -58,18 +58,22 @@ struct Slot {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Claim {
     word: NonZeroU64,
-    /// The slot's index in the low 32 bits, then the weight less one, then
-    /// `RECLAIMED` and `SAMPLE` in the top bits.
+    /// The slot's index in the low 20 bits; for a weighted claim, the
+    /// weight less one and how many of its slots were reclaimed, 20 bits
+    /// each; `RECLAIMED` and `SAMPLE` in the top bits.
     tagged_index: u64,
 }
 
 const RECLAIMED: u64 = 1 << 63;
 const SAMPLE: u64 = 1 << 62;
-/// The claim's weight less one, for a claim that stands for more than one
-/// slot (see `try_claim_weighted`): weights go up to `MAX_SLOTS`.
-const WEIGHT_SHIFT: u32 = 32;
-const WEIGHT_MASK: u64 = ((MAX_SLOTS as u64) * 2 - 1) << WEIGHT_SHIFT;
-const INDEX_MASK: u64 = (1 << WEIGHT_SHIFT) - 1;
+/// Fields of a weighted claim (see `try_claim_weighted`): each holds up to
+/// `MAX_SLOTS`.
+const FIELD_BITS: u32 = 20;
+const FIELD_MASK: u64 = (1 << FIELD_BITS) - 1;
+const INDEX_MASK: u64 = FIELD_MASK;
+const WEIGHT_SHIFT: u32 = FIELD_BITS;
+const WEIGHT_MASK: u64 = FIELD_MASK << WEIGHT_SHIFT;
+const RECLAIMS_SHIFT: u32 = 2 * FIELD_BITS;
 
 impl Claim {
     #[inline]
@@ -109,11 +113,25 @@ impl Claim {
         ((self.tagged_index & WEIGHT_MASK) >> WEIGHT_SHIFT) as usize + 1
     }
 
-    /// The claim, marked as standing for `weight` slots, and as reclaimed if
-    /// any of them was.
-    fn weighted(mut self, weight: usize, reclaimed: bool) -> Self {
-        self.tagged_index |=
-            ((weight as u64 - 1) << WEIGHT_SHIFT) | (u64::from(reclaimed) * RECLAIMED);
+    /// How many of the claim's slots were reclaimed from holders that
+    /// vanished (and so were counted as held already).
+    #[inline]
+    pub(crate) fn reclaimed_slots(&self) -> usize {
+        if self.is_weighted() {
+            ((self.tagged_index >> RECLAIMS_SHIFT) & FIELD_MASK) as usize
+        } else {
+            usize::from(self.reclaimed())
+        }
+    }
+
+    /// The claim, marked as standing for `weight` slots, `reclaims` of which
+    /// were reclaimed (and as reclaimed if any was).
+    fn weighted(mut self, weight: usize, reclaims: usize) -> Self {
+        let reclaims = reclaims as u64;
+        self.tagged_index = (self.tagged_index & !RECLAIMED)
+            | ((weight as u64 - 1) << WEIGHT_SHIFT)
+            | (reclaims << RECLAIMS_SHIFT)
+            | (u64::from(reclaims > 0) * RECLAIMED);
         self
     }
 
@@ -237,28 +255,23 @@ impl SlotTable {
             return None;
         }
         let mut companions = Vec::with_capacity(weight - 1);
-        let mut reclaimed = false;
         for _ in 1..weight {
             let Some((index, word, until)) = self.take_free(now, order) else {
                 // A caller on the fast path took one meanwhile: all or nothing.
-                for companion in &companions {
-                    self.release_one(companion);
-                }
+                self.roll_back(&companions, now);
                 return None;
             };
             if until != 0 {
-                reclaimed = true;
                 self.give_back_recorded_bytes(index, word);
             }
             companions.push(Claim::new(index, word, until != 0, false));
         }
         let Some(primary) = self.try_claim(now, order) else {
-            for companion in &companions {
-                self.release_one(companion);
-            }
+            self.roll_back(&companions, now);
             return None;
         };
-        let claim = primary.weighted(weight, reclaimed);
+        let reclaims = companions.iter().filter(|c| c.reclaimed()).count();
+        let claim = primary.weighted(weight, reclaims + usize::from(primary.reclaimed()));
         let mut table = lock(&self.companions);
         // Entries of weighted claims that were leaked and reclaimed since.
         table.retain(|(primary, _)| {
@@ -266,6 +279,24 @@ impl SlotTable {
         });
         table.push((claim, companions.into_boxed_slice()));
         Some(claim)
+    }
+
+    /// Gives back the slots of a weighted claim that could not be completed.
+    /// A slot taken over from a vanished holder is left expired rather than
+    /// released, so that it still counts as reclaimed when it is next
+    /// claimed (its bytes have come back already).
+    #[cold]
+    fn roll_back(&self, companions: &[Claim], now: u64) {
+        for companion in companions {
+            let deadline = if companion.reclaimed() { now } else { 0 };
+            let expired = (deadline << GENERATION_BITS) | generation(companion.word());
+            let _ = self.slots[companion.index()].word.compare_exchange(
+                companion.word(),
+                expired,
+                Ordering::SeqCst,
+                Ordering::Relaxed,
+            );
+        }
     }
 
     /// Whether at least `wanted` slots are free at `now`.
@@ -278,15 +309,17 @@ impl SlotTable {
             == wanted
     }
 
-    /// Frees the slot if it still holds the claim's word. Returns whether it
-    /// did: `false` means the slot was reclaimed or reset since, and belongs
-    /// to someone else now.
+    /// Frees the claim's slots that still hold the words it wrote. Returns
+    /// how many it freed: fewer than its weight means some were reclaimed or
+    /// reset since, and belong to someone else now.
     #[inline(always)]
-    pub(crate) fn release(&self, claim: &Claim) -> bool {
-        if claim.is_weighted() {
-            self.release_companions(claim);
-        }
-        self.release_one(claim)
+    pub(crate) fn release(&self, claim: &Claim) -> usize {
+        let companions = if claim.is_weighted() {
+            self.release_companions(claim)
+        } else {
+            0
+        };
+        usize::from(self.release_one(claim)) + companions
     }
 
     #[inline(always)]
@@ -319,16 +352,17 @@ impl SlotTable {
     /// still holds the word written for this claim, as any slot is, so a late
     /// release frees nothing that has been handed on.
     #[cold]
-    fn release_companions(&self, claim: &Claim) {
+    fn release_companions(&self, claim: &Claim) -> usize {
         let mut table = lock(&self.companions);
         let Some(at) = table.iter().position(|(primary, _)| primary == claim) else {
-            return;
+            return 0;
         };
         let (_, companions) = table.swap_remove(at);
         drop(table);
-        for companion in companions.iter() {
-            self.release_one(companion);
-        }
+        companions
+            .iter()
+            .filter(|companion| self.release_one(companion))
+            .count()
     }
 
     /// Reserves `bytes` of the budget for the holder of `claim` and records
@@ -499,9 +533,9 @@ mod tests {
         let table = SlotTable::new(2, HOLD, None);
         let a = table.try_claim(1, Ordering::Relaxed).unwrap();
         let _b = table.try_claim(1, Ordering::Relaxed).unwrap();
-        assert!(table.release(&a));
+        assert_eq!(table.release(&a), 1);
         assert_eq!(table.held(1), 1);
-        assert!(!table.release(&a), "a second release must do nothing");
+        assert_eq!(table.release(&a), 0, "a second release must do nothing");
         assert_eq!(table.held(1), 1);
     }
 
@@ -513,9 +547,9 @@ mod tests {
         assert_eq!(table.try_claim(HOLD, Ordering::Relaxed), None);
         let new = table.try_claim(1 + HOLD, Ordering::Relaxed).unwrap();
         assert!(new.reclaimed());
-        assert!(!table.release(&old));
+        assert_eq!(table.release(&old), 0);
         assert_eq!(table.held(1 + HOLD), 1);
-        assert!(table.release(&new));
+        assert_eq!(table.release(&new), 1);
     }
 
     #[test]
@@ -525,7 +559,7 @@ mod tests {
         table.reset();
         let new = table.try_claim(5, Ordering::Relaxed).unwrap();
         assert_ne!(old.word(), new.word());
-        assert!(!table.release(&old));
+        assert_eq!(table.release(&old), 0);
         assert_eq!(table.held(5), 1);
     }
 
@@ -556,7 +590,7 @@ mod tests {
         assert_eq!(table.held(1 + HOLD), 0);
         assert!(!table.unrecord_bytes(&leaked, 800));
         assert!(
-            !table.release(&leaked),
+            table.release(&leaked) == 0,
             "the late holder can no longer release it"
         );
     }

@@ -233,23 +233,22 @@ impl Waiters {
     /// stay free for it (the fast path is closed while anyone is parked).
     fn dispatch(&self, queue: &mut Line<Arc<Node>>, slots: &SlotTable, now: u64) {
         while self.count() > 0 {
-            let Some(head) = queue.peek_next(self.count()) else {
+            let Some((place, head)) = queue.peek_next(self.count()) else {
                 // `parked` and the queue disagree; never strand a caller's count.
                 self.parked.fetch_and(CLOSED, Ordering::SeqCst);
                 break;
             };
             if !head.is_parked() {
                 // It gave up; it is skipped for free.
-                queue.pop_next(self.count());
+                queue.take(place);
                 continue;
             }
             let weight = head.weight;
             let Some(claim) = slots.try_claim_weighted(now, weight, Ordering::SeqCst) else {
                 break;
             };
-            let head = queue
-                .pop_next(self.count())
-                .expect("the line's head was just seen");
+            // The very entry seen, even if a custom order would now pick another.
+            let head = queue.take(place);
             if !self.resolve(queue, &head, NodeState::Granted(claim)) {
                 // Cannot happen while the queue is locked; never strand the slot.
                 slots.release(&claim);
@@ -314,6 +313,9 @@ impl Waiters {
                 self.parked.fetch_sub(1, Ordering::SeqCst);
                 drop(state);
                 self.drop_finished_front(&mut queue);
+                // If it was the head, waiting for more slots than were
+                // free, the caller behind it may fit in those slots now.
+                self.dispatch(&mut queue, slots, now);
                 None
             }
             NodeState::Refused(_) | NodeState::Done => None,

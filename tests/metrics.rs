@@ -243,3 +243,42 @@ fn an_unnamed_bulkhead_is_labelled_bulkhead() {
         1.0
     );
 }
+
+#[test]
+fn a_weighted_permit_moves_the_in_flight_gauge_by_its_weight_less_the_slots_it_reclaimed() {
+    let clock = ManualClock::new();
+    let (bulkhead, snapshotter) = recorded(config(3).clock(clock.clone()));
+    std::mem::forget(bulkhead.try_acquire().unwrap());
+    clock.advance(Duration::from_secs(30));
+    // Takes over the leaked slot (counted as held already) and two free ones.
+    let heavy = bulkhead.try_acquire_weighted(3).unwrap();
+    assert!(heavy.was_reclaimed());
+    let snapshot = snapshot(&snapshotter);
+    assert_eq!(
+        value(&snapshot, MetricKind::Gauge, "tower_inflight_in_flight", DB),
+        3.0
+    );
+    assert_eq!(
+        value(
+            &snapshot,
+            MetricKind::Counter,
+            "tower_inflight_reclaimed_total",
+            DB
+        ),
+        1.0
+    );
+}
+
+#[test]
+fn the_in_flight_gauge_returns_to_zero_after_a_weighted_permit_took_over_a_leaked_slot() {
+    let clock = ManualClock::new();
+    let (bulkhead, snapshotter) = recorded(config(3).clock(clock.clone()));
+    std::mem::forget(bulkhead.try_acquire().unwrap());
+    clock.advance(Duration::from_secs(30));
+    drop(bulkhead.try_acquire_weighted(3).unwrap());
+    let snapshot = snapshot(&snapshotter);
+    assert_eq!(
+        value(&snapshot, MetricKind::Gauge, "tower_inflight_in_flight", DB),
+        0.0
+    );
+}

@@ -189,10 +189,13 @@ async fn a_heavy_caller_that_gives_up_at_the_head_lets_the_line_move() {
         }
     });
     tokio::task::yield_now().await;
+    let aborted_at = tokio::time::Instant::now();
     heavy.abort();
     assert!(heavy.await.unwrap_err().is_cancelled());
-    // The light caller is at the head now, and one slot is free.
+    // The light caller is at the head now, beside a free slot: it is served
+    // at once, not when its own budget runs out.
     light.await.unwrap();
+    assert!(aborted_at.elapsed() < Duration::from_millis(50));
     drop(first);
     assert_eq!(bulkhead.in_flight(), 0);
     assert_eq!(bulkhead.waiting(), 0);
@@ -292,4 +295,37 @@ fn weighted_acquisition_under_contention_never_oversubscribes() {
     assert!(admitted.load(Ordering::Relaxed) > 1_000);
     assert_eq!(bulkhead.in_flight(), 0);
     assert_eq!(bulkhead.waiting(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_heavy_head_whose_budget_runs_out_hands_the_free_slots_to_the_caller_behind() {
+    let bulkhead = Bulkhead::new(Config::new(2, RECLAIM).wait(Duration::from_millis(50)));
+    let first = bulkhead.try_acquire().unwrap();
+    let started = tokio::time::Instant::now();
+    let heavy = tokio::spawn({
+        let bulkhead = bulkhead.clone();
+        async move {
+            bulkhead
+                .acquire_with(Ticket::new().weight(2))
+                .await
+                .map(drop)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let light = tokio::spawn({
+        let bulkhead = bulkhead.clone();
+        async move { bulkhead.acquire().await.map(drop) }
+    });
+    let shed = heavy.await.unwrap().unwrap_err();
+    assert_eq!(shed.reason(), ShedReason::WaitExpired);
+    // The light caller, which arrived 30 ms in, gets the free slot when the
+    // heavy head gives up at 50 ms, not when its own budget ends at 80 ms.
+    light.await.unwrap().unwrap();
+    assert!(
+        started.elapsed() < Duration::from_millis(80),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(first);
+    assert_eq!(bulkhead.in_flight(), 0);
 }

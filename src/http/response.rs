@@ -11,15 +11,19 @@ use std::time::Duration;
 pub(crate) type ShedResponder = Arc<dyn Fn(&ServiceSaturated) -> Response<Bytes> + Send + Sync>;
 
 /// `503 Service Unavailable` with `Retry-After` (whole seconds, at least
-/// one) and the reason in plain text.
+/// one) and the reason in plain text; `500` without `Retry-After` for the
+/// one reason a retry cannot cure (see `ServiceSaturated::http_status`).
 pub(crate) fn service_unavailable(
     shed: &ServiceSaturated,
     retry_after_secs: u64,
 ) -> Response<Bytes> {
-    let mut response = text(StatusCode::SERVICE_UNAVAILABLE, shed.to_string());
-    response
-        .headers_mut()
-        .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
+    let status = shed.http_status();
+    let mut response = text(status, shed.to_string());
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response
+            .headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
+    }
     response
 }
 
