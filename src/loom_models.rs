@@ -191,3 +191,34 @@ fn loom_weighted_claim_is_all_or_nothing() {
         assert_eq!(table.held(1), 0, "every slot is free at the end");
     });
 }
+
+/// A heavy waiter (both slots) arrives while the one held slot is released:
+/// it never parks beside the two free slots it needs.
+#[test]
+fn loom_a_weighted_waiter_never_parks_beside_enough_free_slots() {
+    loom::model(|| {
+        let table = Arc::new(SlotTable::new(2, HOLD, None));
+        let waiters = Arc::new(Waiters::default());
+        let held = table.try_claim(1, Ordering::Relaxed).unwrap();
+        let releaser = {
+            let (table, waiters) = (table.clone(), waiters.clone());
+            thread::spawn(move || {
+                table.release(&held);
+                waiters.after_release(&table, &Clock::Manual(ManualClock::new()));
+            })
+        };
+        let arrival = waiters.arrive(&table, 1, None, 0, 2);
+        releaser.join().unwrap();
+        let got_slots = match &arrival {
+            Arrival::Admitted(_) => true,
+            Arrival::Parked(node) => node.is_granted(),
+            Arrival::QueueFull | Arrival::Closed => false,
+        };
+        assert!(
+            got_slots,
+            "the weighted waiter parked beside two free slots"
+        );
+        assert_eq!(waiters.parked(), 0);
+        assert_eq!(table.held(1), 2);
+    });
+}
