@@ -58,10 +58,7 @@ impl Place {
             self.shared
                 .observer()
                 .waited(self.since.elapsed(), admitted, waiting);
-            if let Some(signal) = self.shared.saturation() {
-                signal.wait_ended(admitted, self.probe);
-            }
-            self.shared.wait_ended();
+            self.shared.wait_ended(admitted, self.probe);
             #[cfg(feature = "metrics")]
             self.shared
                 .observer()
@@ -125,9 +122,7 @@ impl Future for Acquire {
                         // The probe never waited: a slot was free after all
                         // (waiting pays), or it was turned away.
                         let admitted = matches!(arrival, Arrival::Admitted(_));
-                        if let Some(signal) = shared.saturation() {
-                            signal.wait_ended(admitted, true);
-                        }
+                        shared.probe_ended(admitted);
                     }
                     match arrival {
                         Arrival::Admitted(claim) => {

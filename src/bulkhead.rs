@@ -627,10 +627,29 @@ impl Shared {
         }
     }
 
-    /// A wait ended: if the line is empty now, CoDel's interval restarts.
-    pub(crate) fn wait_ended(&self) {
+    /// A wait ended, `admitted` or not (`probe`: the saturation signal's
+    /// probe): the signal counts it, and if the line is empty now, CoDel's
+    /// interval restarts.
+    pub(crate) fn wait_ended(&self, admitted: bool, probe: bool) {
+        if let Some(signal) = &self.saturation {
+            if let Some(raised) = signal.wait_ended(admitted, probe) {
+                self.observer.saturation_signal(raised);
+            }
+        }
         if let Some(codel) = &self.codel {
             codel.seen(self.waiters.parked());
+        }
+    }
+
+    /// The saturation signal's probe found a slot without waiting, or was
+    /// turned away before it could wait.
+    pub(crate) fn probe_ended(&self, admitted: bool) {
+        if let Some(raised) = self
+            .saturation
+            .as_ref()
+            .and_then(|signal| signal.wait_ended(admitted, true))
+        {
+            self.observer.saturation_signal(raised);
         }
     }
 

@@ -45,6 +45,13 @@ pub enum Event {
         /// Whether it got a slot (otherwise it was shed).
         admitted: bool,
     },
+    /// The saturation signal ([`Config::saturation_signal`](crate::Config::saturation_signal))
+    /// went up (waits were mostly expiring: callers that find every slot
+    /// held are shed at once) or down (a probe's wait paid off).
+    SaturationSignal {
+        /// Whether it is up now.
+        raised: bool,
+    },
 }
 
 /// The hook: called on the thread where the event happens, so it must be

@@ -18,6 +18,7 @@ pub(crate) const RECLAIMED: &str = "tower_inflight_reclaimed_total";
 pub(crate) const IN_FLIGHT: &str = "tower_inflight_in_flight";
 pub(crate) const WAITING: &str = "tower_inflight_waiting";
 pub(crate) const WAITING_BY_PRIORITY: &str = "tower_inflight_waiting_by_priority";
+pub(crate) const SATURATION_SIGNAL: &str = "tower_inflight_saturation_signal";
 pub(crate) const LIMIT: &str = "tower_inflight_limit";
 pub(crate) const BYTES_RESERVED: &str = "tower_inflight_bytes_reserved";
 pub(crate) const WAIT_SECONDS: &str = "tower_inflight_wait_seconds";
@@ -36,6 +37,7 @@ pub(crate) struct Metrics {
     pub(crate) bytes_reserved: Gauge,
     pub(crate) wait_seconds: Histogram,
     pub(crate) hold_seconds: Histogram,
+    pub(crate) saturation_signal: Gauge,
     service: String,
     /// The per-priority gauges registered so far: parking is the slow path,
     /// but a registry lookup per park would still be waste.
@@ -58,6 +60,7 @@ impl Metrics {
             bytes_reserved: gauge!(BYTES_RESERVED, "service" => service.clone()),
             wait_seconds: histogram!(WAIT_SECONDS, "service" => service.clone()),
             hold_seconds: histogram!(HOLD_SECONDS, "service" => service.clone()),
+            saturation_signal: gauge!(SATURATION_SIGNAL, "service" => service.clone()),
             service,
             waiting_by_priority: Mutex::new(BTreeMap::new()),
         }

@@ -137,6 +137,25 @@ impl Observer {
         let _ = waiting_now;
     }
 
+    /// The saturation signal went up (`raised`) or down.
+    #[cold]
+    pub(crate) fn saturation_signal(&self, raised: bool) {
+        self.emit(Event::SaturationSignal { raised });
+        #[cfg(feature = "metrics")]
+        self.metrics
+            .saturation_signal
+            .set(f64::from(u8::from(raised)));
+        #[cfg(feature = "tracing")]
+        if raised {
+            tracing::warn!(
+                service = %self.service,
+                "bulkhead saturation signal up: waits are mostly expiring, callers that find every slot held are shed at once"
+            );
+        } else {
+            tracing::info!(service = %self.service, "bulkhead saturation signal down: a probe's wait paid off");
+        }
+    }
+
     /// The number of callers of `priority` waiting changed.
     #[cfg(feature = "metrics")]
     pub(crate) fn waiting_by_priority(&self, priority: i32, waiting_now: usize) {

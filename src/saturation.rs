@@ -78,16 +78,18 @@ impl SaturationSignal {
     }
 
     /// A wait ended, `admitted` or not; `probe` if it was the probe's.
-    pub(crate) fn wait_ended(&self, admitted: bool, probe: bool) {
+    /// Returns the signal's new state if this changed it.
+    pub(crate) fn wait_ended(&self, admitted: bool, probe: bool) -> Option<bool> {
         let mut state = lock(&self.state);
         if probe {
             state.probing = false;
-            if admitted {
+            if admitted && state.raised {
                 // Waiting pays again: start counting afresh.
                 state.raised = false;
                 state.window_start = None;
+                return Some(false);
             }
-            return;
+            return None;
         }
         let now = Instant::now();
         let fresh = state
@@ -101,8 +103,13 @@ impl SaturationSignal {
         state.waits += 1;
         state.expired += u64::from(!admitted);
         let ratio = state.expired as f64 / state.waits as f64;
-        if state.waits >= self.thresholds.min_waits && ratio >= self.thresholds.expired_ratio {
+        if !state.raised
+            && state.waits >= self.thresholds.min_waits
+            && ratio >= self.thresholds.expired_ratio
+        {
             state.raised = true;
+            return Some(true);
         }
+        None
     }
 }

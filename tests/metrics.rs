@@ -282,3 +282,27 @@ fn the_in_flight_gauge_returns_to_zero_after_a_weighted_permit_took_over_a_leake
         0.0
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_saturation_signal_gauge_is_one_while_the_signal_is_up() {
+    let (bulkhead, snapshotter) = recorded(
+        config(1)
+            .wait(Duration::from_millis(50))
+            .saturation_signal(1.0, 2, Duration::from_secs(1)),
+    );
+    let _held = bulkhead.try_acquire().unwrap();
+    for _ in 0..2 {
+        assert!(bulkhead.acquire().await.is_err());
+    }
+    assert!(bulkhead.status().saturation_signal);
+    let snapshot = snapshot(&snapshotter);
+    assert_eq!(
+        value(
+            &snapshot,
+            MetricKind::Gauge,
+            "tower_inflight_saturation_signal",
+            DB
+        ),
+        1.0
+    );
+}

@@ -133,3 +133,39 @@ fn a_signal_that_could_never_be_judged_is_refused() {
         );
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_signal_going_up_and_down_is_an_event_each_time() {
+    use std::sync::{Arc, Mutex};
+    use tower_inflight::Event;
+
+    let changes = Arc::new(Mutex::new(Vec::new()));
+    let bulkhead = Bulkhead::new(
+        Config::new(1, Duration::from_secs(30))
+            .wait(WAIT)
+            .saturation_signal(1.0, 3, Duration::from_secs(1))
+            .on_event({
+                let changes = changes.clone();
+                move |event| {
+                    if let Event::SaturationSignal { raised } = event {
+                        changes.lock().unwrap().push(*raised);
+                    }
+                }
+            }),
+    );
+    let held = bulkhead.try_acquire().unwrap();
+    expire_waits(&bulkhead, 4).await; // the fourth is the probe: it expires too
+    assert_eq!(
+        *changes.lock().unwrap(),
+        [true],
+        "raised once, not once a wait"
+    );
+    let probe = tokio::spawn({
+        let bulkhead = bulkhead.clone();
+        async move { bulkhead.acquire().await.map(drop) }
+    });
+    tokio::task::yield_now().await;
+    drop(held);
+    assert!(probe.await.unwrap().is_ok());
+    assert_eq!(*changes.lock().unwrap(), [true, false]);
+}
