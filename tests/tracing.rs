@@ -1,5 +1,5 @@
-//! The `tracing` feature: a debug event per rejection, a warning per
-//! reclaimed slot.
+//! The `tracing` feature: a debug event per rejection; a warning per
+//! reclaimed slot, per invalid weight and when the saturation signal rises.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -90,4 +90,52 @@ fn admitted_calls_log_nothing() {
         }
     });
     assert!(recorder.0.lock().unwrap().is_empty());
+}
+
+#[test]
+fn an_invalid_weight_is_a_warning() {
+    let recorder = Recorder::default();
+    let bulkhead = Bulkhead::new(Config::new(2, Duration::from_secs(30)).name("db"));
+    tracing::subscriber::with_default(recorder.clone(), || {
+        assert!(bulkhead.try_acquire_weighted(3).is_err());
+    });
+    let events = recorder.0.lock().unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].0, Level::WARN);
+    assert!(events[0].1.contains("service=db"), "{}", events[0].1);
+}
+
+#[test]
+fn the_saturation_signal_going_up_is_a_warning() {
+    let recorder = Recorder::default();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let bulkhead = Bulkhead::new(
+        Config::new(1, Duration::from_secs(30))
+            .name("db")
+            .wait(Duration::from_millis(10))
+            .saturation_signal(1.0, 2, Duration::from_secs(1)),
+    );
+    let _held = bulkhead.try_acquire().unwrap();
+    tracing::subscriber::with_default(recorder.clone(), || {
+        runtime.block_on(async {
+            for _ in 0..2 {
+                assert!(bulkhead.acquire().await.is_err());
+            }
+        })
+    });
+    let events = recorder.0.lock().unwrap();
+    let warnings: Vec<_> = events
+        .iter()
+        .filter(|(level, _)| *level == Level::WARN)
+        .collect();
+    assert_eq!(warnings.len(), 1, "{events:?}");
+    assert!(
+        warnings[0].1.contains("saturation signal up"),
+        "{}",
+        warnings[0].1
+    );
 }
