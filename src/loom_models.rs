@@ -140,10 +140,12 @@ fn loom_reset_in_the_same_tick_keeps_the_new_holder() {
     });
 }
 
-#[test]
-fn loom_a_waiter_never_parks_beside_a_freed_slot() {
-    loom::model(|| {
-        let table = Arc::new(SlotTable::new(1, HOLD, None));
+/// One thread releases the one held slot of a table of `limit` while a
+/// waiter for `weight` slots arrives: whichever goes first, the waiter ends
+/// up with its slots, never parked beside them.
+fn waiter_meets_a_release(limit: usize, weight: usize) {
+    loom::model(move || {
+        let table = Arc::new(SlotTable::new(limit, HOLD, None));
         let waiters = Arc::new(Waiters::default());
         let held = table.try_claim(1, Ordering::Relaxed).unwrap();
         let releaser = {
@@ -153,17 +155,28 @@ fn loom_a_waiter_never_parks_beside_a_freed_slot() {
                 waiters.after_release(&table, &Clock::Manual(ManualClock::new()));
             })
         };
-        let arrival = waiters.arrive(&table, 1, None, 0, 1);
+        let arrival = waiters.arrive(&table, 1, None, 0, weight);
         releaser.join().unwrap();
-        let got_slot = match &arrival {
+        let got_slots = match &arrival {
             Arrival::Admitted(_) => true,
             Arrival::Parked(node) => node.is_granted(),
             Arrival::QueueFull | Arrival::Closed => false,
         };
-        assert!(got_slot, "the waiter parked although the slot came free");
+        assert!(got_slots, "the waiter parked although its slots came free");
         assert_eq!(waiters.parked(), 0);
-        assert_eq!(table.held(1), 1);
+        assert_eq!(table.held(1), weight);
     });
+}
+
+#[test]
+fn loom_a_waiter_never_parks_beside_a_freed_slot() {
+    waiter_meets_a_release(1, 1);
+}
+
+/// A heavy waiter (both slots) arrives while the one held slot is released.
+#[test]
+fn loom_a_weighted_waiter_never_parks_beside_enough_free_slots() {
+    waiter_meets_a_release(2, 2);
 }
 
 /// A weighted claim of both slots races a plain claim of one: they never
@@ -189,36 +202,5 @@ fn loom_weighted_claim_is_all_or_nothing() {
         hold_once(&table, &holders, 2);
         heavy.join().unwrap();
         assert_eq!(table.held(1), 0, "every slot is free at the end");
-    });
-}
-
-/// A heavy waiter (both slots) arrives while the one held slot is released:
-/// it never parks beside the two free slots it needs.
-#[test]
-fn loom_a_weighted_waiter_never_parks_beside_enough_free_slots() {
-    loom::model(|| {
-        let table = Arc::new(SlotTable::new(2, HOLD, None));
-        let waiters = Arc::new(Waiters::default());
-        let held = table.try_claim(1, Ordering::Relaxed).unwrap();
-        let releaser = {
-            let (table, waiters) = (table.clone(), waiters.clone());
-            thread::spawn(move || {
-                table.release(&held);
-                waiters.after_release(&table, &Clock::Manual(ManualClock::new()));
-            })
-        };
-        let arrival = waiters.arrive(&table, 1, None, 0, 2);
-        releaser.join().unwrap();
-        let got_slots = match &arrival {
-            Arrival::Admitted(_) => true,
-            Arrival::Parked(node) => node.is_granted(),
-            Arrival::QueueFull | Arrival::Closed => false,
-        };
-        assert!(
-            got_slots,
-            "the weighted waiter parked beside two free slots"
-        );
-        assert_eq!(waiters.parked(), 0);
-        assert_eq!(table.held(1), 2);
     });
 }

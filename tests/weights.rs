@@ -20,6 +20,31 @@ fn waiting(limit: usize, order: QueueOrder) -> Bulkhead {
     )
 }
 
+/// Spawns callers named and weighted as given, one after the other, each
+/// waiting for its slots, logging its name once it has them and holding
+/// them a millisecond; returns the log and the tasks.
+async fn park_in_turn(
+    bulkhead: &Bulkhead,
+    callers: &[(char, usize)],
+) -> (Arc<Mutex<String>>, Vec<tokio::task::JoinHandle<()>>) {
+    let log = Arc::new(Mutex::new(String::new()));
+    let mut tasks = Vec::new();
+    for &(name, weight) in callers {
+        let (bulkhead, log) = (bulkhead.clone(), log.clone());
+        tasks.push(tokio::spawn(async move {
+            let permit = bulkhead
+                .acquire_with(Ticket::new().weight(weight))
+                .await
+                .unwrap();
+            log.lock().unwrap().push(name);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            drop(permit);
+        }));
+        tokio::task::yield_now().await;
+    }
+    (log, tasks)
+}
+
 #[test]
 fn a_weighted_permit_takes_its_slots_together_and_gives_them_all_back() {
     let bulkhead = Bulkhead::new(Config::new(5, RECLAIM));
@@ -107,21 +132,7 @@ fn a_weighted_permit_dropped_after_reset_frees_nothing_of_the_new_holders() {
 async fn a_heavy_head_of_the_line_is_not_bypassed_by_lighter_callers() {
     let bulkhead = waiting(3, QueueOrder::Fifo);
     let held: Vec<_> = (0..3).map(|_| bulkhead.try_acquire().unwrap()).collect();
-    let log = Arc::new(Mutex::new(String::new()));
-    let mut callers = Vec::new();
-    for (name, weight) in [('h', 3), ('l', 1)] {
-        let (bulkhead, log) = (bulkhead.clone(), log.clone());
-        callers.push(tokio::spawn(async move {
-            let permit = bulkhead
-                .acquire_with(Ticket::new().weight(weight))
-                .await
-                .unwrap();
-            log.lock().unwrap().push(name);
-            tokio::time::sleep(Duration::from_millis(1)).await;
-            drop(permit);
-        }));
-        tokio::task::yield_now().await;
-    }
+    let (log, callers) = park_in_turn(&bulkhead, &[('h', 3), ('l', 1)]).await;
     let mut held = held.into_iter();
     held.next();
     held.next();
@@ -145,21 +156,7 @@ async fn lightest_first_lets_light_work_drain_while_slots_gather_for_heavy_work(
     let lightest_first = QueueOrder::custom(|a, b| a.weight().cmp(&b.weight()));
     let bulkhead = waiting(3, lightest_first);
     let held: Vec<_> = (0..3).map(|_| bulkhead.try_acquire().unwrap()).collect();
-    let log = Arc::new(Mutex::new(String::new()));
-    let mut callers = Vec::new();
-    for (name, weight) in [('h', 3), ('l', 1), ('m', 1)] {
-        let (bulkhead, log) = (bulkhead.clone(), log.clone());
-        callers.push(tokio::spawn(async move {
-            let permit = bulkhead
-                .acquire_with(Ticket::new().weight(weight))
-                .await
-                .unwrap();
-            log.lock().unwrap().push(name);
-            tokio::time::sleep(Duration::from_millis(1)).await;
-            drop(permit);
-        }));
-        tokio::task::yield_now().await;
-    }
+    let (log, callers) = park_in_turn(&bulkhead, &[('h', 3), ('l', 1), ('m', 1)]).await;
     drop(held);
     for caller in callers {
         caller.await.unwrap();
