@@ -64,7 +64,7 @@ impl ConcurrencyLayer {
     /// [`QueueOrder`](crate::QueueOrder) that looks at it) and a weight in
     /// slots. Waiting happens in the response future rather than in
     /// `poll_ready`, since the ticket is known only with the request: see
-    /// [`Classified`].
+    /// [`Classified`](crate::Classified).
     ///
     /// ```
     /// use std::time::Duration;

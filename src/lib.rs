@@ -80,7 +80,20 @@
 //! neither. The `http` feature's `http::HttpConcurrencyLayer` reserves a
 //! request's `Content-Length` before its body is read.
 //!
+//! # Not all calls are alike
+//!
+//! A [`Ticket`] gives a call a priority in the line of waiting callers and a
+//! weight in slots: [`Bulkhead::acquire_with`], or through a layer,
+//! [`ConcurrencyLayer::classify`] with a classifier over the request. A
+//! weighted call takes all its slots or none, and whatever the
+//! [`QueueOrder`], the head of the line is never bypassed: not by new
+//! arrivals, not by lighter callers. When waiting stops paying,
+//! [`Config::saturation_signal`] sheds at once instead, and [`Config::codel`]
+//! cuts waits short while the line stands; [`Bulkhead::close`] and
+//! [`Bulkhead::drain`] end a bulkhead's life gracefully.
+//!
 //! # Watching it
+//!
 //!
 //! [`Bulkhead::status`] is a snapshot (state now, lifetime totals, windows
 //! from a minute to a day); [`Config::on_event`] sees every [`Event`]; the
@@ -93,7 +106,7 @@
 //! | `http` | `http::HttpConcurrencyLayer`: `503` with `Retry-After`, slots held until the response body ends, a byte budget reserved before the request body is read |
 //! | `axum` | `IntoResponse` for [`ServiceSaturated`] (implies `http`) |
 //! | `metrics` | `tower_inflight_*` counters, gauges and histograms through the `metrics` facade |
-//! | `tracing` | a debug event per rejection, a warning per reclaimed slot |
+//! | `tracing` | a debug event per rejection; a warning per reclaimed slot, per invalid weight, and when the saturation signal goes up |
 //! | `serde` | [`Status`] is `Serialize` |
 //!
 //! [tower]: https://docs.rs/tower
