@@ -54,8 +54,11 @@ where
         match self.project().kind.project() {
             KindProj::Called { future, permit } => {
                 let output = ready!(future.poll(cx));
-                // Free the slot now, not whenever the caller drops this future.
-                drop(permit.take());
+                // Free the slot now, not whenever the caller drops this
+                // future. Dropped in place, not moved out first: a move
+                // copies it with wide loads that stall on the narrower
+                // stores that wrote it.
+                *permit = None;
                 Poll::Ready(output.map_err(Into::into))
             }
             KindProj::Shed { shed } => {
