@@ -188,3 +188,42 @@ async fn a_waiting_request_that_is_dropped_passes_its_turn_on() {
     assert_eq!(bulkhead.in_flight(), 0);
     assert_eq!(bulkhead.waiting(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn slots_are_released_when_the_inner_call_panics_at_once_or_after_waiting() {
+    #[derive(Clone)]
+    struct PanicsInCall;
+    impl Service<Job> for PanicsInCall {
+        type Response = ();
+        type Error = Infallible;
+        type Future = std::future::Ready<Result<(), Infallible>>;
+        fn poll_ready(
+            &mut self,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), Infallible>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, _: Job) -> Self::Future {
+            panic!("inner call panicked")
+        }
+    }
+    let layer =
+        ConcurrencyLayer::new(Config::new(2, Duration::from_secs(30)).wait(Duration::from_secs(1)))
+            .classify(ticket);
+    let bulkhead = layer.bulkhead();
+    let service = tower::Layer::layer(&layer, PanicsInCall);
+
+    // Called at once, with room.
+    let joined = tokio::spawn(service.clone().oneshot(Job('a', 0, 2))).await;
+    assert!(joined.unwrap_err().is_panic());
+    assert_eq!(bulkhead.in_flight(), 0);
+
+    // Called from the response future, after waiting for its slots.
+    let held = bulkhead.try_acquire().unwrap();
+    let waiting = tokio::spawn(service.oneshot(Job('b', 0, 2)));
+    tokio::task::yield_now().await;
+    assert_eq!(bulkhead.waiting(), 1);
+    drop(held);
+    assert!(waiting.await.unwrap_err().is_panic());
+    assert_eq!(bulkhead.in_flight(), 0);
+}
