@@ -224,7 +224,9 @@ impl Bulkhead {
     /// Takes `weight` slots at once, or none, if nobody is waiting; never
     /// waits. One permit holds them all, and gives them all back when
     /// dropped. A weight of 0 or over the limit is refused with
-    /// [`ShedReason::InvalidWeight`].
+    /// [`ShedReason::InvalidWeight`]. A weight of 1 is
+    /// [`try_acquire`](Self::try_acquire); above that, the claim takes the
+    /// waiter queue's lock and allocates the list of its slots.
     ///
     /// ```
     /// use std::time::Duration;

@@ -112,10 +112,10 @@ where
             }
             Err(ShedReason::LimitReached) if shared.config().wait.is_some() => {
                 let clone = self.inner.clone();
+                let ready = std::mem::replace(&mut self.inner, clone);
                 State::Waiting {
-                    acquire: self.bulkhead.acquire_with(ticket),
-                    inner: Some(std::mem::replace(&mut self.inner, clone)),
-                    request: Some(request),
+                    acquire: Box::pin(self.bulkhead.acquire_with(ticket)),
+                    call: Some(Box::new((ready, request))),
                 }
             }
             Err(reason) => State::Running {
@@ -144,7 +144,9 @@ pin_project! {
     where
         S: Service<Request>,
     {
-        Waiting { #[pin] acquire: Acquire, inner: Option<S>, request: Option<Request> },
+        // Boxed: this state is rare, and large (a timer, the inner service
+        // and the request), and would make every call's future as large.
+        Waiting { acquire: Pin<Box<Acquire>>, call: Option<Box<(S, Request)>> },
         Running { #[pin] response: ResponseFuture<S::Future> },
     }
 }
@@ -160,18 +162,15 @@ where
         let mut state = self.project().state;
         loop {
             match state.as_mut().project() {
-                StateProj::Waiting {
-                    acquire,
-                    inner,
-                    request,
-                } => {
-                    let admitted = ready!(acquire.poll(cx));
-                    let response = match (admitted, inner.take(), request.take()) {
-                        (Ok(permit), Some(mut inner), Some(request)) => {
+                StateProj::Waiting { acquire, call } => {
+                    let admitted = ready!(acquire.as_mut().poll(cx));
+                    let response = match (admitted, call.take()) {
+                        (Ok(permit), Some(call)) => {
+                            let (mut inner, request) = *call;
                             ResponseFuture::called(inner.call(request), permit)
                         }
-                        (Err(shed), _, _) => ResponseFuture::shed(shed),
-                        _ => panic!("`ClassifiedFuture` polled after completion"),
+                        (Err(shed), _) => ResponseFuture::shed(shed),
+                        (Ok(_), None) => panic!("`ClassifiedFuture` polled after completion"),
                     };
                     state.set(State::Running { response });
                 }

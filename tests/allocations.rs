@@ -126,3 +126,22 @@ fn a_shed_call_through_the_layer_allocates_only_its_boxed_error() {
     // is one allocation, and nothing else allocates.
     assert_eq!(count, 1_000);
 }
+
+#[test]
+fn a_classified_call_and_a_borrowed_or_weighted_permit_allocate_nothing() {
+    let layer = ConcurrencyLayer::new(config()).classify(|_: &u64| tower_inflight::Ticket::new());
+    let bulkhead = layer.bulkhead();
+    let mut service =
+        tower::Layer::layer(&layer, service_fn(|x: u64| ready(Ok::<_, Infallible>(x))));
+    let count = allocations_during(|| {
+        assert!(matches!(
+            poll_once(std::future::poll_fn(|cx| service.poll_ready(cx))),
+            Poll::Ready(Ok(()))
+        ));
+        assert!(matches!(poll_once(service.call(7)), Poll::Ready(Ok(7))));
+        drop(bulkhead.try_acquire_borrowed().unwrap());
+        drop(bulkhead.try_acquire_weighted(1).unwrap());
+    });
+    assert_eq!(count, 0);
+    assert_eq!(bulkhead.in_flight(), 0);
+}

@@ -131,8 +131,8 @@ where
                             settings: self.settings.clone(),
                         };
                         return ResponseFuture::waiting(
-                            self.bulkhead.acquire_with(ticket),
-                            admission,
+                            Box::pin(self.bulkhead.acquire_with(ticket)),
+                            Box::new(admission),
                         );
                     }
                     Err(reason) => Err(shared.saturated(reason)),
@@ -248,7 +248,9 @@ pin_project! {
     where
         S: Service<Request<Limited<ReqBody>>>,
     {
-        Waiting { #[pin] acquire: Acquire, admission: Option<Admission<S, ReqBody>> },
+        // Boxed: this state is rare, and large (a timer, the inner service
+        // and the request), and would make every request's future as large.
+        Waiting { acquire: Pin<Box<Acquire>>, admission: Option<Box<Admission<S, ReqBody>>> },
         Called { #[pin] future: S::Future, in_flight: Option<InFlight> },
         Refused { response: Option<Response<Bytes>> },
     }
@@ -258,7 +260,7 @@ impl<S, ReqBody> ResponseFuture<S, ReqBody>
 where
     S: Service<Request<Limited<ReqBody>>>,
 {
-    fn waiting(acquire: Acquire, admission: Admission<S, ReqBody>) -> Self {
+    fn waiting(acquire: Pin<Box<Acquire>>, admission: Box<Admission<S, ReqBody>>) -> Self {
         Self {
             kind: Kind::Waiting {
                 acquire,
@@ -295,14 +297,14 @@ where
         loop {
             match self.as_mut().project().kind.project() {
                 KindProj::Waiting { acquire, admission } => {
-                    let admitted = ready!(acquire.poll(cx));
+                    let admitted = ready!(acquire.as_mut().poll(cx));
                     let Admission {
                         mut inner,
                         request,
                         body_limit,
                         bulkhead,
                         settings,
-                    } = admission
+                    } = *admission
                         .take()
                         .expect("`ResponseFuture` polled after completion");
                     let next = match admitted {
