@@ -56,9 +56,8 @@ fn try_acquire_drop(c: &mut Criterion) {
     // What the coarse clock read costs the fast path: a manual clock is one
     // relaxed load, so this is the fast path as it would be without the
     // read (the most that dating slots lazily could save).
-    let unclocked = Bulkhead::new(
-        Config::new(LIMIT, RECLAIM_AFTER).clock(tower_inflight::ManualClock::new()),
-    );
+    let unclocked =
+        Bulkhead::new(Config::new(LIMIT, RECLAIM_AFTER).clock(tower_inflight::ManualClock::new()));
     group.bench_function("ours_borrowed_without_clock_read", |b| {
         b.iter(|| {
             let permit = black_box(&unclocked).try_acquire_borrowed();

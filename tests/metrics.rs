@@ -64,6 +64,16 @@ fn config(limit: usize) -> Config {
 
 const DB: &[(&str, &str)] = &[("service", "db")];
 
+/// A recorded bulkhead of `limit` slots, one of them held by a permit that
+/// was forgotten and has outlived `reclaim_after`.
+fn with_an_expired_leak(limit: usize) -> (Bulkhead, Snapshotter) {
+    let clock = ManualClock::new();
+    let (bulkhead, snapshotter) = recorded(config(limit).clock(clock.clone()));
+    std::mem::forget(bulkhead.try_acquire().unwrap());
+    clock.advance(Duration::from_secs(30));
+    (bulkhead, snapshotter)
+}
+
 #[test]
 fn admitted_calls_count_and_the_in_flight_gauge_follows_them() {
     let (bulkhead, snapshotter) = recorded(config(4));
@@ -169,10 +179,7 @@ async fn waits_are_timed_and_expired_and_crowded_waits_count_apart() {
 
 #[test]
 fn a_reclaimed_slot_counts_once_and_keeps_the_in_flight_gauge_right() {
-    let clock = ManualClock::new();
-    let (bulkhead, snapshotter) = recorded(config(1).clock(clock.clone()));
-    std::mem::forget(bulkhead.try_acquire().unwrap());
-    clock.advance(Duration::from_secs(30));
+    let (bulkhead, snapshotter) = with_an_expired_leak(1);
     let reclaimer = bulkhead.try_acquire().unwrap();
     assert!(reclaimer.was_reclaimed());
     let snapshot = snapshot(&snapshotter);
@@ -246,10 +253,7 @@ fn an_unnamed_bulkhead_is_labelled_bulkhead() {
 
 #[test]
 fn a_weighted_permit_moves_the_in_flight_gauge_by_its_weight_less_the_slots_it_reclaimed() {
-    let clock = ManualClock::new();
-    let (bulkhead, snapshotter) = recorded(config(3).clock(clock.clone()));
-    std::mem::forget(bulkhead.try_acquire().unwrap());
-    clock.advance(Duration::from_secs(30));
+    let (bulkhead, snapshotter) = with_an_expired_leak(3);
     // Takes over the leaked slot (counted as held already) and two free ones.
     let heavy = bulkhead.try_acquire_weighted(3).unwrap();
     assert!(heavy.was_reclaimed());
@@ -271,10 +275,7 @@ fn a_weighted_permit_moves_the_in_flight_gauge_by_its_weight_less_the_slots_it_r
 
 #[test]
 fn the_in_flight_gauge_returns_to_zero_after_a_weighted_permit_took_over_a_leaked_slot() {
-    let clock = ManualClock::new();
-    let (bulkhead, snapshotter) = recorded(config(3).clock(clock.clone()));
-    std::mem::forget(bulkhead.try_acquire().unwrap());
-    clock.advance(Duration::from_secs(30));
+    let (bulkhead, snapshotter) = with_an_expired_leak(3);
     drop(bulkhead.try_acquire_weighted(3).unwrap());
     let snapshot = snapshot(&snapshotter);
     assert_eq!(
