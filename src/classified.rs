@@ -2,9 +2,9 @@
 
 use crate::acquire::Acquire;
 use crate::bulkhead::Bulkhead;
-use crate::error::ShedReason;
 use crate::future::ResponseFuture;
 use crate::permit::Permit;
+use crate::readiness::{admit, TicketAdmission};
 use crate::ticket::Ticket;
 use crate::BoxError;
 use pin_project_lite::pin_project;
@@ -102,24 +102,24 @@ where
 
     fn call(&mut self, request: Request) -> Self::Future {
         let ticket = (self.classify)(&request);
-        let shared = self.bulkhead.shared();
-        let state = match shared.try_claim_weighted(ticket.get_weight()) {
-            Ok(claim) => {
-                let permit = Permit::new(shared.clone(), claim);
+        let state = match admit(&self.bulkhead, ticket) {
+            TicketAdmission::Admitted(claim) => {
+                // A permit before the inner call, which may panic.
+                let permit = Permit::new(self.bulkhead.shared().clone(), claim);
                 State::Running {
                     response: ResponseFuture::called(self.inner.call(request), permit),
                 }
             }
-            Err(ShedReason::LimitReached) if shared.config().wait.is_some() => {
+            TicketAdmission::Wait(acquire) => {
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
                 State::Waiting {
-                    acquire: Box::pin(self.bulkhead.acquire_with(ticket)),
+                    acquire,
                     call: Some(Box::new((ready, request))),
                 }
             }
-            Err(reason) => State::Running {
-                response: ResponseFuture::shed(shared.saturated(reason)),
+            TicketAdmission::Shed(shed) => State::Running {
+                response: ResponseFuture::shed(shed),
             },
         };
         ClassifiedFuture { state }

@@ -2,7 +2,6 @@
 
 use crate::bulkhead::Bulkhead;
 use crate::future::ResponseFuture;
-use crate::permit::Permit;
 use crate::readiness::Readiness;
 use crate::BoxError;
 use std::fmt;
@@ -79,23 +78,12 @@ where
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
-        if let Readiness::Idle = self.readiness {
-            // The permit is built where the future holds it, not first in
-            // a `Result` it would then be copied out of.
-            let shared = self.bulkhead.shared();
-            return match shared.try_claim() {
-                Ok(claim) => {
-                    // A permit before the inner call, which may panic.
-                    let permit = Permit::new(shared.clone(), claim);
-                    ResponseFuture::called(self.inner.call(request), permit)
-                }
-                Err(reason) => ResponseFuture::shed(shared.saturated(reason)),
-            };
-        }
-        match self.readiness.take(&self.bulkhead) {
-            Ok(permit) => ResponseFuture::called(self.inner.call(request), permit),
-            Err(shed) => ResponseFuture::shed(shed),
-        }
+        let inner = &mut self.inner;
+        self.readiness.call(
+            &self.bulkhead,
+            |permit| ResponseFuture::called(inner.call(request), permit),
+            ResponseFuture::shed,
+        )
     }
 }
 

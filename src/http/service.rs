@@ -7,9 +7,9 @@ use super::reserved::ReservedBytes;
 use super::response;
 use crate::acquire::Acquire;
 use crate::bulkhead::Bulkhead;
-use crate::error::{ServiceSaturated, ShedReason};
+use crate::error::ServiceSaturated;
 use crate::permit::Permit;
-use crate::readiness::Readiness;
+use crate::readiness::{admit, Readiness, TicketAdmission};
 use crate::sync::{Arc, Mutex};
 use bytes::Bytes;
 use http::{Request, Response};
@@ -107,48 +107,43 @@ where
             None if request.body().is_end_stream() => Some(0),
             None => max_body,
         };
-        let (request, ticket) = match &self.settings.classify {
-            None => (request, None),
-            Some(classify) => {
-                let (parts, body) = request.into_parts();
-                let ticket = classify(&parts);
-                (Request::from_parts(parts, body), Some(ticket))
-            }
+        let Some(classify) = &self.settings.classify else {
+            let (inner, bulkhead, settings) = (&mut self.inner, &self.bulkhead, &self.settings);
+            return self.readiness.call(
+                bulkhead,
+                |permit| start(inner, bulkhead, settings, permit, request, body_limit),
+                |shed| ResponseFuture::refused(shed_response(settings, &shed)),
+            );
         };
-        let permit = match ticket {
-            None => self.readiness.take(&self.bulkhead),
-            Some(ticket) => {
-                let shared = self.bulkhead.shared();
-                match shared.try_claim_weighted(ticket.get_weight()) {
-                    Ok(claim) => Ok(Permit::new(shared.clone(), claim)),
-                    Err(ShedReason::LimitReached) if shared.config().wait.is_some() => {
-                        let clone = self.inner.clone();
-                        let admission = Admission {
-                            inner: std::mem::replace(&mut self.inner, clone),
-                            request,
-                            body_limit,
-                            bulkhead: self.bulkhead.clone(),
-                            settings: self.settings.clone(),
-                        };
-                        return ResponseFuture::waiting(
-                            Box::pin(self.bulkhead.acquire_with(ticket)),
-                            Box::new(admission),
-                        );
-                    }
-                    Err(reason) => Err(shared.saturated(reason)),
-                }
+        let (parts, body) = request.into_parts();
+        let ticket = classify(&parts);
+        let request = Request::from_parts(parts, body);
+        match admit(&self.bulkhead, ticket) {
+            TicketAdmission::Admitted(claim) => {
+                let permit = Permit::new(self.bulkhead.shared().clone(), claim);
+                start(
+                    &mut self.inner,
+                    &self.bulkhead,
+                    &self.settings,
+                    permit,
+                    request,
+                    body_limit,
+                )
             }
-        };
-        match permit {
-            Ok(permit) => admit(
-                &mut self.inner,
-                &self.bulkhead,
-                &self.settings,
-                permit,
-                request,
-                body_limit,
-            ),
-            Err(shed) => ResponseFuture::refused(shed_response(&self.settings, &shed)),
+            TicketAdmission::Wait(acquire) => {
+                let clone = self.inner.clone();
+                let admission = Admission {
+                    inner: std::mem::replace(&mut self.inner, clone),
+                    request,
+                    body_limit,
+                    bulkhead: self.bulkhead.clone(),
+                    settings: self.settings.clone(),
+                };
+                ResponseFuture::waiting(acquire, Box::new(admission))
+            }
+            TicketAdmission::Shed(shed) => {
+                ResponseFuture::refused(shed_response(&self.settings, &shed))
+            }
         }
     }
 }
@@ -165,7 +160,7 @@ struct Admission<S, ReqBody> {
 
 /// Reserves the request's bytes beside its slot (none without a byte
 /// budget), and calls the inner service with a body that cannot outgrow them.
-fn admit<S, ReqBody, ResBody>(
+fn start<S, ReqBody, ResBody>(
     inner: &mut S,
     bulkhead: &Bulkhead,
     settings: &Settings,
@@ -308,7 +303,7 @@ where
                         .take()
                         .expect("`ResponseFuture` polled after completion");
                     let next = match admitted {
-                        Ok(permit) => admit(
+                        Ok(permit) => start(
                             &mut inner, &bulkhead, &settings, permit, request, body_limit,
                         ),
                         Err(shed) => Self::refused(shed_response(&settings, &shed)),
