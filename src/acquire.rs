@@ -139,7 +139,7 @@ impl Future for Acquire {
                         }
                         Arrival::Parked(node) => {
                             let observer = shared.observer();
-                            observer.parked(shared.waiters().parked(), shared.config().limit);
+                            observer.parked(shared.waiters().parked());
                             #[cfg(feature = "metrics")]
                             observer.waiting_by_priority(
                                 this.ticket.get_priority(),

@@ -571,9 +571,7 @@ impl Shared {
     #[cold]
     fn admitted_rarely(&self, claim: &Claim) {
         if claim.reclaimed() {
-            for _ in 0..claim.reclaimed_slots() {
-                self.observer.reclaimed();
-            }
+            self.observer.reclaimed(claim.reclaimed_slots());
             self.observer.bytes(|| self.slots.bytes_reserved());
         }
         if claim.sample() {
@@ -669,10 +667,8 @@ impl Shared {
         if reserved.is_none() {
             // Bytes of holders that vanished may be what fills the budget.
             let freed = self.slots.reclaim_expired_bytes(self.clock.now());
-            for _ in 0..freed {
-                self.observer.reclaimed();
-            }
             if freed > 0 {
+                self.observer.reclaimed(freed);
                 self.observer.bytes(|| self.slots.bytes_reserved());
                 reserved = self.slots.reserve_bytes(permit.claim(), bytes);
             }
@@ -700,7 +696,7 @@ impl Shared {
         if self.observer.rollups.minute_turned(now - 1) {
             self.turn_minute(now, 0);
         }
-        self.observer.rejected(reason, self.config.limit);
+        self.observer.rejected(reason);
         ServiceSaturated::new(
             self.config.name.clone(),
             self.config.limit,

@@ -15,6 +15,9 @@ pub(crate) struct Observer {
     reclaimed: AtomicU64,
     waits: AtomicU64,
     wait_nanos: AtomicU64,
+    /// The bulkhead's limit: the in-flight peak whenever a caller found
+    /// every slot held.
+    limit: usize,
     pub(crate) rollups: Rollups,
     #[cfg(feature = "metrics")]
     metrics: crate::metrics::Metrics,
@@ -25,7 +28,10 @@ pub(crate) struct Observer {
 impl Observer {
     /// `name` and `limit` label the metrics and logs, when those features
     /// are on.
-    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    #[cfg_attr(
+        not(any(feature = "metrics", feature = "tracing")),
+        allow(unused_variables)
+    )]
     pub(crate) fn new(
         name: Option<&str>,
         limit: usize,
@@ -39,6 +45,7 @@ impl Observer {
             reclaimed: AtomicU64::new(0),
             waits: AtomicU64::new(0),
             wait_nanos: AtomicU64::new(0),
+            limit,
             rollups,
             #[cfg(feature = "metrics")]
             metrics: crate::metrics::Metrics::register(service, limit),
@@ -83,21 +90,26 @@ impl Observer {
         let _ = (held, slots);
     }
 
+    /// `slots` slots were taken over from holders that kept them past
+    /// `reclaim_after`: an event and a warning each.
     #[cold]
-    pub(crate) fn reclaimed(&self) {
-        self.reclaimed.fetch_add(1, Ordering::Relaxed);
-        self.emit(Event::Reclaimed);
+    pub(crate) fn reclaimed(&self, slots: usize) {
+        self.reclaimed.fetch_add(slots as u64, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
-        self.metrics.reclaimed.increment(1);
-        #[cfg(feature = "tracing")]
-        tracing::warn!(
-            service = %self.service,
-            "bulkhead reclaimed a slot held past reclaim_after without a release: \
-             a leaked permit, or reclaim_after shorter than a call can take"
-        );
+        self.metrics.reclaimed.increment(slots as u64);
+        for _ in 0..slots {
+            self.emit(Event::Reclaimed);
+            #[cfg(feature = "tracing")]
+            tracing::warn!(
+                service = %self.service,
+                "bulkhead reclaimed a slot held past reclaim_after without a release: \
+                 a leaked permit, or reclaim_after shorter than a call can take"
+            );
+        }
     }
 
-    pub(crate) fn rejected(&self, reason: ShedReason, limit: usize) {
+    pub(crate) fn rejected(&self, reason: ShedReason) {
+        let limit = self.limit;
         self.rejected[reason.index()].fetch_add(1, Ordering::Relaxed);
         if matches!(
             reason,
@@ -163,8 +175,8 @@ impl Observer {
     }
 
     /// Someone was parked (so every slot was held): the number waiting changed.
-    pub(crate) fn parked(&self, waiting_now: usize, limit: usize) {
-        self.rollups.see_in_flight(limit);
+    pub(crate) fn parked(&self, waiting_now: usize) {
+        self.rollups.see_in_flight(self.limit);
         #[cfg(feature = "metrics")]
         self.metrics.waiting.set(waiting_now as f64);
         let _ = waiting_now;

@@ -211,7 +211,11 @@ impl Rollups {
     }
 
     pub(crate) fn see_in_flight(&self, in_flight: usize) {
-        self.peak.fetch_max(in_flight, Ordering::Relaxed);
+        // Sheds see the limit over and over: read before writing, so that
+        // they do not all write the one shared word for nothing.
+        if self.peak.load(Ordering::Relaxed) < in_flight {
+            self.peak.fetch_max(in_flight, Ordering::Relaxed);
+        }
     }
 
     /// Records the totals for the minute `now` is in, if not done already.
