@@ -122,7 +122,7 @@ impl Future for Acquire {
                         // The probe never waited: a slot was free after all
                         // (waiting pays), or it was turned away.
                         let admitted = matches!(arrival, Arrival::Admitted(_));
-                        shared.probe_ended(admitted);
+                        shared.signal_wait_ended(admitted, true);
                     }
                     match arrival {
                         Arrival::Admitted(claim) => {

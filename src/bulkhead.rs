@@ -631,25 +631,19 @@ impl Shared {
     /// probe): the signal counts it, and if the line is empty now, CoDel's
     /// interval restarts.
     pub(crate) fn wait_ended(&self, admitted: bool, probe: bool) {
-        if let Some(signal) = &self.saturation {
-            if let Some(raised) = signal.wait_ended(admitted, probe) {
-                self.observer.saturation_signal(raised);
-            }
-        }
+        self.signal_wait_ended(admitted, probe);
         if let Some(codel) = &self.codel {
             codel.seen(self.waiters.parked());
         }
     }
 
-    /// The saturation signal's probe found a slot without waiting, or was
-    /// turned away before it could wait.
-    pub(crate) fn probe_ended(&self, admitted: bool) {
-        if let Some(raised) = self
-            .saturation
-            .as_ref()
-            .and_then(|signal| signal.wait_ended(admitted, true))
-        {
-            self.observer.saturation_signal(raised);
+    /// The saturation signal counts a wait that ended (or, for a probe that
+    /// never parked, a slot found or a refusal), and reports a change.
+    pub(crate) fn signal_wait_ended(&self, admitted: bool, probe: bool) {
+        if let Some(signal) = &self.saturation {
+            if let Some(raised) = signal.wait_ended(admitted, probe) {
+                self.observer.saturation_signal(raised);
+            }
         }
     }
 

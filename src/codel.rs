@@ -51,8 +51,7 @@ impl Codel {
             *last_empty = Some(now);
             return wait;
         }
-        let standing = last_empty.map_or(Duration::ZERO, |at| now.saturating_duration_since(at));
-        if standing > self.settings.interval {
+        if self.standing(*last_empty, now) {
             wait.min(self.settings.target)
         } else {
             wait
@@ -61,7 +60,12 @@ impl Codel {
 
     /// Whether new waits are being cut short now.
     pub(crate) fn is_cutting(&self, waiting: usize) -> bool {
-        waiting > 0
-            && lock(&self.last_empty).is_some_and(|at| at.elapsed() > self.settings.interval)
+        waiting > 0 && self.standing(*lock(&self.last_empty), Instant::now())
+    }
+
+    /// Whether a line last seen empty at `last_empty` has stood, at `now`,
+    /// longer than the interval.
+    fn standing(&self, last_empty: Option<Instant>, now: Instant) -> bool {
+        last_empty.is_some_and(|at| now.saturating_duration_since(at) > self.settings.interval)
     }
 }

@@ -43,9 +43,9 @@ impl Readiness {
     fn poll_ready_slow(&mut self, bulkhead: &Bulkhead, cx: &mut Context<'_>) -> Poll<()> {
         loop {
             match self {
+                // Only with a `wait` budget: `poll_ready` answers without one.
                 Readiness::Idle => {
-                    let shared = bulkhead.shared();
-                    if shared.config().wait.is_none() || shared.has_room() {
+                    if bulkhead.shared().has_room() {
                         return Poll::Ready(());
                     }
                     *self = Readiness::Waiting(Box::pin(bulkhead.acquire()));

@@ -91,14 +91,29 @@ pub struct Totals {
 impl Totals {
     /// Calls shed, for every reason.
     pub fn rejected(&self) -> u64 {
-        self.rejected_limit
-            + self.rejected_wait_expired
-            + self.rejected_too_many_waiting
-            + self.rejected_bytes
-            + self.rejected_closed
-            + self.rejected_cancelled
-            + self.rejected_saturated
-            + self.rejected_invalid_weight
+        // Every field named, so that a reason added later cannot be missed.
+        let Totals {
+            admitted: _,
+            rejected_limit,
+            rejected_wait_expired,
+            rejected_too_many_waiting,
+            rejected_bytes,
+            rejected_closed,
+            rejected_cancelled,
+            rejected_saturated,
+            rejected_invalid_weight,
+            reclaimed: _,
+            waits: _,
+            wait_time: _,
+        } = *self;
+        rejected_limit
+            + rejected_wait_expired
+            + rejected_too_many_waiting
+            + rejected_bytes
+            + rejected_closed
+            + rejected_cancelled
+            + rejected_saturated
+            + rejected_invalid_weight
     }
 
     fn since(&self, earlier: &Totals) -> Totals {
