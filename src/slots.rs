@@ -476,9 +476,7 @@ impl SlotTable {
 
     /// Whether any slot is free at `now`, without taking it.
     pub(crate) fn any_free(&self, now: u64) -> bool {
-        self.slots
-            .iter()
-            .any(|slot| deadline(slot.word.load(Ordering::Relaxed)) <= now)
+        self.has_free(now, 1)
     }
 }
 
