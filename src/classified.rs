@@ -1,10 +1,9 @@
 //! The tower layer whose calls carry a [`Ticket`] chosen from the request.
 
-use crate::acquire::Acquire;
 use crate::bulkhead::Bulkhead;
 use crate::future::ResponseFuture;
 use crate::permit::Permit;
-use crate::readiness::{admit, TicketAdmission};
+use crate::readiness::{admit, Parked, TicketAdmission};
 use crate::ticket::Ticket;
 use crate::BoxError;
 use pin_project_lite::pin_project;
@@ -114,8 +113,7 @@ where
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
                 State::Waiting {
-                    acquire,
-                    call: Some(Box::new((ready, request))),
+                    parked: Parked::new(acquire, (ready, request)),
                 }
             }
             TicketAdmission::Shed(shed) => State::Running {
@@ -144,9 +142,7 @@ pin_project! {
     where
         S: Service<Request>,
     {
-        // Boxed: this state is rare, and large (a timer, the inner service
-        // and the request), and would make every call's future as large.
-        Waiting { acquire: Pin<Box<Acquire>>, call: Option<Box<(S, Request)>> },
+        Waiting { parked: Pin<Box<Parked<(S, Request)>>> },
         Running { #[pin] response: ResponseFuture<S::Future> },
     }
 }
@@ -162,15 +158,12 @@ where
         let mut state = self.project().state;
         loop {
             match state.as_mut().project() {
-                StateProj::Waiting { acquire, call } => {
-                    let admitted = ready!(acquire.as_mut().poll(cx));
-                    let response = match (admitted, call.take()) {
-                        (Ok(permit), Some(call)) => {
-                            let (mut inner, request) = *call;
+                StateProj::Waiting { parked } => {
+                    let response = match ready!(parked.as_mut().poll_admitted(cx)) {
+                        (Ok(permit), (mut inner, request)) => {
                             ResponseFuture::called(inner.call(request), permit)
                         }
                         (Err(shed), _) => ResponseFuture::shed(shed),
-                        (Ok(_), None) => panic!("`ClassifiedFuture` polled after completion"),
                     };
                     state.set(State::Running { response });
                 }

@@ -7,6 +7,7 @@ use crate::error::{ServiceSaturated, ShedReason};
 use crate::permit::Permit;
 use crate::slots::Claim;
 use crate::ticket::Ticket;
+use pin_project_lite::pin_project;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
@@ -124,14 +125,13 @@ impl Readiness {
 pub(crate) enum TicketAdmission {
     /// Its slots, claimed: the caller makes the permit where it keeps it.
     Admitted(Claim),
-    /// No room, and a `wait` budget: wait with this.
-    Wait(Pin<Box<Acquire>>),
+    /// No room, and a `wait` budget: wait with this (in a [`Parked`]).
+    Wait(Acquire),
     Shed(ServiceSaturated),
 }
 
-/// Decides a [`TicketAdmission`] for the classified services. The waiting
-/// state is boxed: it is rare and large (a timer), and would otherwise make
-/// every call's future as large. Always inlined, and the claim made a permit
+/// Decides a [`TicketAdmission`] for the classified services. Always
+/// inlined, and the claim made a permit
 /// only where it is kept, so that it is not copied through memory on its
 /// way (see [`Readiness::call`]).
 #[inline(always)]
@@ -140,8 +140,44 @@ pub(crate) fn admit(bulkhead: &Bulkhead, ticket: Ticket) -> TicketAdmission {
     match shared.try_claim_weighted(ticket.get_weight()) {
         Ok(claim) => TicketAdmission::Admitted(claim),
         Err(ShedReason::LimitReached) if shared.config().wait.is_some() => {
-            TicketAdmission::Wait(Box::pin(bulkhead.acquire_with(ticket)))
+            TicketAdmission::Wait(bulkhead.acquire_with(ticket))
         }
         Err(reason) => TicketAdmission::Shed(shared.saturated(reason)),
+    }
+}
+
+pin_project! {
+    /// A call that waits in its response future for its slots, with what it
+    /// will be made with once they are handed over. Boxed as a whole: the
+    /// state is rare and large (a timer), so it costs one allocation and
+    /// does not make every call's future as large.
+    pub(crate) struct Parked<T> {
+        #[pin]
+        acquire: Acquire,
+        call: Option<T>,
+    }
+}
+
+impl<T> Parked<T> {
+    pub(crate) fn new(acquire: Acquire, call: T) -> Pin<Box<Self>> {
+        Box::pin(Self {
+            acquire,
+            call: Some(call),
+        })
+    }
+
+    /// Waits for the slots, then gives back what the call is made with,
+    /// beside its permit or the reason it was shed.
+    pub(crate) fn poll_admitted(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<(Result<Permit, ServiceSaturated>, T)> {
+        let this = self.project();
+        let admitted = ready!(this.acquire.poll(cx));
+        let call = this
+            .call
+            .take()
+            .expect("a parked call polled after it was admitted");
+        Poll::Ready((admitted, call))
     }
 }

@@ -5,11 +5,10 @@ use super::layer::Settings;
 use super::request::declared_length;
 use super::reserved::ReservedBytes;
 use super::response;
-use crate::acquire::Acquire;
 use crate::bulkhead::Bulkhead;
 use crate::error::ServiceSaturated;
 use crate::permit::Permit;
-use crate::readiness::{admit, Readiness, TicketAdmission};
+use crate::readiness::{admit, Parked, Readiness, TicketAdmission};
 use crate::sync::{Arc, Mutex};
 use bytes::Bytes;
 use http::{Request, Response};
@@ -139,7 +138,7 @@ where
                     bulkhead: self.bulkhead.clone(),
                     settings: self.settings.clone(),
                 };
-                ResponseFuture::waiting(acquire, Box::new(admission))
+                ResponseFuture::waiting(Parked::new(acquire, admission))
             }
             TicketAdmission::Shed(shed) => {
                 ResponseFuture::refused(shed_response(&self.settings, &shed))
@@ -243,9 +242,7 @@ pin_project! {
     where
         S: Service<Request<Limited<ReqBody>>>,
     {
-        // Boxed: this state is rare, and large (a timer, the inner service
-        // and the request), and would make every request's future as large.
-        Waiting { acquire: Pin<Box<Acquire>>, admission: Option<Box<Admission<S, ReqBody>>> },
+        Waiting { parked: Pin<Box<Parked<Admission<S, ReqBody>>>> },
         Called { #[pin] future: S::Future, in_flight: Option<InFlight> },
         Refused { response: Option<Response<Bytes>> },
     }
@@ -255,12 +252,9 @@ impl<S, ReqBody> ResponseFuture<S, ReqBody>
 where
     S: Service<Request<Limited<ReqBody>>>,
 {
-    fn waiting(acquire: Pin<Box<Acquire>>, admission: Box<Admission<S, ReqBody>>) -> Self {
+    fn waiting(parked: Pin<Box<Parked<Admission<S, ReqBody>>>>) -> Self {
         Self {
-            kind: Kind::Waiting {
-                acquire,
-                admission: Some(admission),
-            },
+            kind: Kind::Waiting { parked },
         }
     }
 
@@ -291,17 +285,17 @@ where
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         loop {
             match self.as_mut().project().kind.project() {
-                KindProj::Waiting { acquire, admission } => {
-                    let admitted = ready!(acquire.as_mut().poll(cx));
-                    let Admission {
-                        mut inner,
-                        request,
-                        body_limit,
-                        bulkhead,
-                        settings,
-                    } = *admission
-                        .take()
-                        .expect("`ResponseFuture` polled after completion");
+                KindProj::Waiting { parked } => {
+                    let (
+                        admitted,
+                        Admission {
+                            mut inner,
+                            request,
+                            body_limit,
+                            bulkhead,
+                            settings,
+                        },
+                    ) = ready!(parked.as_mut().poll_admitted(cx));
                     let next = match admitted {
                         Ok(permit) => start(
                             &mut inner, &bulkhead, &settings, permit, request, body_limit,
