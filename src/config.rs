@@ -112,7 +112,9 @@ impl Config {
     }
 
     /// In which order waiting callers get freed slots ([`QueueOrder::Fifo`]
-    /// by default). Priorities come from
+    /// by default). Priorities come from a call's [`Ticket`](crate::Ticket)
+    /// ([`Bulkhead::acquire_with`](crate::Bulkhead::acquire_with), a
+    /// classifier) or from
     /// [`Bulkhead::acquire_with_priority`](crate::Bulkhead::acquire_with_priority):
     /// the lower, the sooner.
     pub fn queue_order(mut self, order: QueueOrder) -> Self {

@@ -42,7 +42,10 @@ pub struct ServiceSaturated {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ShedReason {
-    /// Every slot was held and the bulkhead has no `wait` budget.
+    /// Every slot was held and the bulkhead has no `wait` budget (or the
+    /// call could not wait). Free slots count as held while they are set
+    /// aside for a weighted caller at the head of the line, or when fewer
+    /// are free than the call's weight.
     LimitReached,
     /// The caller waited its whole `wait` budget and no slot came free.
     WaitExpired,
