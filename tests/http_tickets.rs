@@ -179,3 +179,55 @@ async fn a_classified_request_that_waits_in_vain_gets_503_without_reaching_the_h
     assert_eq!(bulkhead.in_flight(), 0);
     assert_eq!(bulkhead.waiting(), 0);
 }
+
+#[tokio::test]
+async fn a_classified_response_holds_its_slots_until_its_body_has_been_read() {
+    let layer = HttpConcurrencyLayer::new(Config::new(4, RECLAIM)).classify(weight_header);
+    let (bulkhead, app) = in_flight_app(layer);
+    let heavy = Request::get("/")
+        .header("x-weight", "3")
+        .body(Body::empty())
+        .unwrap();
+    let response = app.oneshot(heavy).await.unwrap();
+    assert_eq!(bulkhead.in_flight(), 3, "the body is not read yet");
+    response.into_body().collect().await.unwrap();
+    assert_eq!(bulkhead.in_flight(), 0);
+}
+
+/// An inner HTTP service whose `call` panics before it returns a future.
+#[derive(Clone)]
+struct PanicsInCall;
+
+impl<B> tower::Service<Request<B>> for PanicsInCall {
+    type Response = http::Response<Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<B>) -> Self::Future {
+        panic!("inner call panicked")
+    }
+}
+
+#[tokio::test]
+async fn an_inner_call_that_panics_releases_its_slots_with_or_without_a_classifier() {
+    let plain = HttpConcurrencyLayer::new(Config::new(4, RECLAIM));
+    let classified = HttpConcurrencyLayer::new(Config::new(4, RECLAIM)).classify(weight_header);
+    for layer in [plain, classified] {
+        let bulkhead = layer.bulkhead();
+        let service = tower::Layer::layer(&layer, PanicsInCall);
+        let request = Request::get("/")
+            .header("x-weight", "2")
+            .body(Body::empty())
+            .unwrap();
+        let joined = tokio::spawn(service.oneshot(request)).await;
+        assert!(joined.unwrap_err().is_panic());
+        assert_eq!(bulkhead.in_flight(), 0, "{layer:?}");
+    }
+}
