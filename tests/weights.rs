@@ -20,6 +20,20 @@ fn waiting(limit: usize, order: QueueOrder) -> Bulkhead {
     )
 }
 
+/// Spawns a caller that waits for `weight` slots and lets them go at once.
+fn spawn_acquire(
+    bulkhead: &Bulkhead,
+    weight: usize,
+) -> tokio::task::JoinHandle<Result<(), tower_inflight::ServiceSaturated>> {
+    let bulkhead = bulkhead.clone();
+    tokio::spawn(async move {
+        bulkhead
+            .acquire_with(Ticket::new().weight(weight))
+            .await
+            .map(drop)
+    })
+}
+
 /// Spawns callers named and weighted as given, one after the other, each
 /// waiting for its slots, logging its name once it has them and holding
 /// them a millisecond; returns the log and the tasks.
@@ -168,30 +182,16 @@ async fn lightest_first_lets_light_work_drain_while_slots_gather_for_heavy_work(
 async fn a_heavy_caller_that_gives_up_at_the_head_lets_the_line_move() {
     let bulkhead = Bulkhead::new(Config::new(2, RECLAIM).wait(Duration::from_millis(50)));
     let first = bulkhead.try_acquire().unwrap();
-    let heavy = tokio::spawn({
-        let bulkhead = bulkhead.clone();
-        async move {
-            bulkhead
-                .acquire_with(Ticket::new().weight(2))
-                .await
-                .map(drop)
-        }
-    });
+    let heavy = spawn_acquire(&bulkhead, 2);
     tokio::task::yield_now().await;
-    let light = tokio::spawn({
-        let bulkhead = bulkhead.clone();
-        async move {
-            let permit = bulkhead.acquire().await.unwrap();
-            drop(permit);
-        }
-    });
+    let light = spawn_acquire(&bulkhead, 1);
     tokio::task::yield_now().await;
     let aborted_at = tokio::time::Instant::now();
     heavy.abort();
     assert!(heavy.await.unwrap_err().is_cancelled());
     // The light caller is at the head now, beside a free slot: it is served
     // at once, not when its own budget runs out.
-    light.await.unwrap();
+    light.await.unwrap().unwrap();
     assert!(aborted_at.elapsed() < Duration::from_millis(50));
     drop(first);
     assert_eq!(bulkhead.in_flight(), 0);
@@ -299,20 +299,9 @@ async fn a_heavy_head_whose_budget_runs_out_hands_the_free_slots_to_the_caller_b
     let bulkhead = Bulkhead::new(Config::new(2, RECLAIM).wait(Duration::from_millis(50)));
     let first = bulkhead.try_acquire().unwrap();
     let started = tokio::time::Instant::now();
-    let heavy = tokio::spawn({
-        let bulkhead = bulkhead.clone();
-        async move {
-            bulkhead
-                .acquire_with(Ticket::new().weight(2))
-                .await
-                .map(drop)
-        }
-    });
+    let heavy = spawn_acquire(&bulkhead, 2);
     tokio::time::sleep(Duration::from_millis(30)).await;
-    let light = tokio::spawn({
-        let bulkhead = bulkhead.clone();
-        async move { bulkhead.acquire().await.map(drop) }
-    });
+    let light = spawn_acquire(&bulkhead, 1);
     let shed = heavy.await.unwrap().unwrap_err();
     assert_eq!(shed.reason(), ShedReason::WaitExpired);
     // The light caller, which arrived 30 ms in, gets the free slot when the
