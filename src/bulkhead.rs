@@ -49,6 +49,10 @@ pub struct Bulkhead {
     shared: Arc<Shared>,
 }
 
+// Aligned to a cache line so that the `Arc`'s reference counts, which every
+// owned permit writes, share no line with the slot table's pointer and the
+// other fields every claim reads.
+#[repr(align(64))]
 pub(crate) struct Shared {
     slots: SlotTable,
     clock: Clock,
