@@ -103,11 +103,40 @@ fn contended(c: &mut Criterion) {
     group.finish();
 }
 
+/// Overload: both threads shed, from a full bulkhead (named, as a service's
+/// would be) and from a semaphore with no permit left.
+fn contended_shed(c: &mut Criterion) {
+    let mut group = c.benchmark_group("contended_shed");
+
+    let ours = Bulkhead::new(Config::new(LIMIT, Duration::from_secs(30)).name("payments"));
+    let _held: Vec<_> = (0..LIMIT).map(|_| ours.try_acquire().unwrap()).collect();
+    group.bench_function("ours", |b| {
+        b.iter_custom(|iters| {
+            run_threads(iters, || {
+                black_box(black_box(&ours).try_acquire_borrowed().is_err());
+            })
+        })
+    });
+
+    let semaphore = Semaphore::new(LIMIT);
+    let _all = semaphore.try_acquire_many(LIMIT as u32).unwrap();
+    group.bench_function("tokio_semaphore", |b| {
+        b.iter_custom(|iters| {
+            run_threads(iters, || {
+                black_box(black_box(&semaphore).try_acquire().is_err());
+            })
+        })
+    });
+
+    group.finish();
+}
+
 // What `criterion_group!` expands to, written out because the macro's
 // `pub fn` trips the crate's `missing_docs` lint.
 fn benches() {
     let mut criterion = support::criterion(Duration::from_secs(3));
     contended(&mut criterion);
+    contended_shed(&mut criterion);
 }
 
 criterion_main!(benches);

@@ -7,14 +7,15 @@
 //!   clones an `Arc`).
 //!   `ours_borrowed_without_clock_read` is the borrowed path on a manual
 //!   clock (one relaxed load): the fast path without its coarse clock read.
+//!   The five are measured in turns of 1,000 calls, each timing only its
+//!   own turns (`support::interleaved`), so that drift on a shared machine
+//!   falls on all alike rather than on whichever criterion happens to run
+//!   later.
 //! * `shed`: `try_acquire` when every slot / permit is held (the `Err` path).
 //! * `scheduling_unused`: the plain bulkhead's `try_acquire` + drop beside
 //!   the same on a bulkhead configured with a priority order, a wait budget
 //!   and the saturation signal, and beside `try_acquire_weighted(1)`: what
-//!   scheduling costs calls that do not use it. The three are measured in
-//!   turns of 1,000 calls, each timing only its own turns, so that drift on
-//!   a shared machine falls on all three alike rather than on whichever
-//!   criterion happens to run later.
+//!   scheduling costs calls that do not use it, measured in turns too.
 //! * `clock`: `std::time::Instant::now()` against the coarse clock the
 //!   bulkhead reads on every acquire, the reason `coarsetime` is a dependency.
 //!
@@ -24,7 +25,8 @@ mod support;
 
 use criterion::{black_box, criterion_main, Criterion};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use support::{interleaved, Turn};
 use tokio::sync::Semaphore;
 use tower_inflight::{Bulkhead, Config, QueueOrder};
 
@@ -37,73 +39,60 @@ fn bulkhead() -> Bulkhead {
 
 fn try_acquire_drop(c: &mut Criterion) {
     let mut group = c.benchmark_group("try_acquire_drop");
-
     let ours = bulkhead();
-    group.bench_function("ours", |b| {
-        b.iter(|| {
-            let permit = black_box(&ours).try_acquire();
-            black_box(permit.is_ok());
-        })
-    });
-
-    group.bench_function("ours_borrowed", |b| {
-        b.iter(|| {
-            let permit = black_box(&ours).try_acquire_borrowed();
-            black_box(permit.is_ok());
-        })
-    });
-
     // What the coarse clock read costs the fast path: a manual clock is one
     // relaxed load, so this is the fast path as it would be without the
     // read (the most that dating slots lazily could save).
     let unclocked =
         Bulkhead::new(Config::new(LIMIT, RECLAIM_AFTER).clock(tower_inflight::ManualClock::new()));
-    group.bench_function("ours_borrowed_without_clock_read", |b| {
-        b.iter(|| {
-            let permit = black_box(&unclocked).try_acquire_borrowed();
-            black_box(permit.is_ok());
-        })
-    });
-
     let semaphore = Semaphore::new(LIMIT);
-    group.bench_function("tokio_semaphore", |b| {
-        b.iter(|| {
-            let permit = black_box(&semaphore).try_acquire();
-            black_box(permit.is_ok());
-        })
-    });
-
     let owned = Arc::new(Semaphore::new(LIMIT));
-    group.bench_function("tokio_semaphore_owned", |b| {
-        b.iter(|| {
-            let permit = black_box(&owned).clone().try_acquire_owned();
-            black_box(permit.is_ok());
-        })
-    });
 
-    group.finish();
-}
-
-/// Times `turns[mine]` only, running every turn in order, `TURN` calls each,
-/// until `iters` of its own calls are done.
-fn interleaved(iters: u64, turns: &[&dyn Fn()], mine: usize) -> Duration {
-    const TURN: u64 = 1_000;
-    let mut timed = Duration::ZERO;
-    let mut left = iters;
-    while left > 0 {
-        let calls = left.min(TURN);
-        for (index, turn) in turns.iter().enumerate() {
-            let start = Instant::now();
-            for _ in 0..calls {
-                turn();
-            }
-            if index == mine {
-                timed += start.elapsed();
-            }
+    let ours_owned = |calls| {
+        for _ in 0..calls {
+            black_box(black_box(&ours).try_acquire().is_ok());
         }
-        left -= calls;
+    };
+    let ours_borrowed = |calls| {
+        for _ in 0..calls {
+            black_box(black_box(&ours).try_acquire_borrowed().is_ok());
+        }
+    };
+    let ours_unclocked = |calls| {
+        for _ in 0..calls {
+            black_box(black_box(&unclocked).try_acquire_borrowed().is_ok());
+        }
+    };
+    let tokio_borrowed = |calls| {
+        for _ in 0..calls {
+            black_box(black_box(&semaphore).try_acquire().is_ok());
+        }
+    };
+    let tokio_owned = |calls| {
+        for _ in 0..calls {
+            black_box(black_box(&owned).clone().try_acquire_owned().is_ok());
+        }
+    };
+    let turns: [Turn<'_>; 5] = [
+        &ours_owned,
+        &ours_borrowed,
+        &ours_unclocked,
+        &tokio_borrowed,
+        &tokio_owned,
+    ];
+    let names = [
+        "ours",
+        "ours_borrowed",
+        "ours_borrowed_without_clock_read",
+        "tokio_semaphore",
+        "tokio_semaphore_owned",
+    ];
+    for (mine, name) in names.into_iter().enumerate() {
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| interleaved(iters, &turns, mine))
+        });
     }
-    timed
+    group.finish();
 }
 
 fn scheduling_unused(c: &mut Criterion) {
@@ -116,16 +105,22 @@ fn scheduling_unused(c: &mut Criterion) {
             .saturation_signal(0.8, 20, Duration::from_secs(10)),
     );
     // Each takes a slot and drops it at once, as `try_acquire_drop` does.
-    let plain_call = || {
-        black_box(black_box(&plain).try_acquire().is_ok());
+    let plain_calls = |calls| {
+        for _ in 0..calls {
+            black_box(black_box(&plain).try_acquire().is_ok());
+        }
     };
-    let scheduled_call = || {
-        black_box(black_box(&scheduled).try_acquire().is_ok());
+    let scheduled_calls = |calls| {
+        for _ in 0..calls {
+            black_box(black_box(&scheduled).try_acquire().is_ok());
+        }
     };
-    let weight_one_call = || {
-        black_box(black_box(&plain).try_acquire_weighted(1).is_ok());
+    let weight_one_calls = |calls| {
+        for _ in 0..calls {
+            black_box(black_box(&plain).try_acquire_weighted(1).is_ok());
+        }
     };
-    let turns: [&dyn Fn(); 3] = [&plain_call, &scheduled_call, &weight_one_call];
+    let turns: [Turn<'_>; 3] = [&plain_calls, &scheduled_calls, &weight_one_calls];
     for (mine, name) in ["plain", "priorities_and_signal_configured", "weighted_1"]
         .into_iter()
         .enumerate()

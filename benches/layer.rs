@@ -9,8 +9,8 @@
 //!   permit acquisition with `tokio::time::timeout(Duration::ZERO, ..)`,
 //!   which panics outside a Tokio runtime (`Sleep::new_timeout` calls
 //!   `Handle::current()`), so **every** variant of this group runs inside one
-//!   current-thread runtime (time driver enabled), one `block_on` per
-//!   criterion batch of round trips, so that all are compared alike.
+//!   current-thread runtime (time driver enabled), one `block_on` per turn
+//!   of round trips, so that all are compared alike.
 //! * `layer_round_trip_no_runtime`: the same minus `tower-resilience-bulkhead`,
 //!   each round trip polled once with a no-op waker
 //!   (`FutureExt::now_or_never`): no runtime at all, a cross-check that the
@@ -18,17 +18,20 @@
 //!   `ConcurrencyLayer::classify` with a classifier that gives every request
 //!   the default ticket (`ours_classified`), what a classifier costs beside
 //!   `ours`.
+//! * Within each group the variants are measured in turns of 1,000 round
+//!   trips, each timing only its own turns (`support::interleaved`), so
+//!   that drift on a shared machine falls on all alike.
 //!
 //! Run with `CARGO_TARGET_DIR=/work/target-bench cargo bench --bench layer`.
 
 mod support;
 
-use criterion::measurement::WallTime;
-use criterion::{black_box, criterion_main, BenchmarkGroup, Criterion};
+use criterion::{black_box, criterion_main, Criterion};
 use futures_util::FutureExt;
+use std::cell::RefCell;
 use std::fmt::Debug;
-use std::time::{Duration, Instant};
-use support::Echo;
+use std::time::Duration;
+use support::{interleaved, Echo, Turn};
 use tower::limit::{ConcurrencyLimitLayer, GlobalConcurrencyLimitLayer};
 use tower::{Layer, Service, ServiceExt};
 use tower_inflight::{ConcurrencyLayer, Config, Ticket};
@@ -62,11 +65,11 @@ where
         .expect("the limit is never reached")
 }
 
-/// Benchmarks `service` in `group` inside a current-thread runtime: each
-/// criterion batch of round trips is one `block_on`, so the runtime's entry
-/// cost (~150-200 ns here, and noisy) is paid once a batch, not once a call.
+/// `calls` round trips through `service`, in one `block_on` of `runtime`:
+/// the runtime's entry cost (~150-200 ns here, and noisy) is paid once a
+/// turn of 1,000 round trips, alike for every variant.
 ///
-/// The batch runs `unconstrained`. Otherwise Tokio's cooperative budget
+/// The turn runs `unconstrained`. Otherwise Tokio's cooperative budget
 /// (128 budgeted polls a task poll) runs out every 128 round trips, and then
 /// `tower-resilience-bulkhead`'s `acquire_owned()` (budgeted, unlike the
 /// `try_acquire` fast paths of the others) returns `Pending` although a
@@ -74,42 +77,52 @@ where
 /// +200 ns a call amortised (~565 ns instead of ~350 ns) here. A task serving
 /// one request a poll never runs out of budget, so that cost is an artefact
 /// of the tight loop.
-fn on_runtime<S>(
-    group: &mut BenchmarkGroup<'_, WallTime>,
-    runtime: &tokio::runtime::Runtime,
-    name: &str,
-    mut service: S,
-) where
-    S: Service<u64, Response = u64>,
+fn on_runtime<'a, S>(runtime: &'a tokio::runtime::Runtime, service: S) -> impl Fn(u64) + 'a
+where
+    S: Service<u64, Response = u64> + 'a,
     S::Error: Debug,
 {
-    group.bench_function(name, |b| {
-        b.iter_custom(|iters| {
-            runtime.block_on(tokio::task::unconstrained(async {
-                let start = Instant::now();
-                for _ in 0..iters {
-                    black_box(round_trip(&mut service, black_box(7)).await);
-                }
-                start.elapsed()
-            }))
-        })
-    });
+    let service = RefCell::new(service);
+    move |calls| {
+        let mut service = service.borrow_mut();
+        runtime.block_on(tokio::task::unconstrained(async {
+            for _ in 0..calls {
+                black_box(round_trip(&mut *service, black_box(7)).await);
+            }
+        }))
+    }
 }
 
-/// Benchmarks `service` in `group`, each round trip polled once with a no-op
+/// `calls` round trips through `service`, each polled once with a no-op
 /// waker: everything here is ready at once, so no runtime is needed.
-fn without_runtime<S>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, mut service: S)
+fn without_runtime<S>(service: S) -> impl Fn(u64)
 where
     S: Service<u64, Response = u64>,
     S::Error: Debug,
 {
-    group.bench_function(name, |b| {
-        b.iter(|| {
-            round_trip(&mut service, black_box(7))
-                .now_or_never()
-                .expect("an always-ready round trip completes in one poll")
-        })
-    });
+    let service = RefCell::new(service);
+    move |calls| {
+        let mut service = service.borrow_mut();
+        for _ in 0..calls {
+            black_box(
+                round_trip(&mut *service, black_box(7))
+                    .now_or_never()
+                    .expect("an always-ready round trip completes in one poll"),
+            );
+        }
+    }
+}
+
+/// Measures each of `variants` in turns with all the others.
+fn in_turns(c: &mut Criterion, group: &str, variants: &[(&str, Turn<'_>)]) {
+    let mut group = c.benchmark_group(group);
+    let turns: Vec<Turn<'_>> = variants.iter().map(|(_, turn)| *turn).collect();
+    for (mine, (name, _)) in variants.iter().enumerate() {
+        group.bench_function(*name, |b| {
+            b.iter_custom(|iters| interleaved(iters, &turns, mine))
+        });
+    }
+    group.finish();
 }
 
 fn layer_round_trip(c: &mut Criterion) {
@@ -117,50 +130,44 @@ fn layer_round_trip(c: &mut Criterion) {
         .enable_time()
         .build()
         .expect("a current-thread runtime");
-    let mut group = c.benchmark_group("layer_round_trip");
-    on_runtime(&mut group, &runtime, "raw", Echo);
-    on_runtime(&mut group, &runtime, "ours", ours().layer(Echo));
-    on_runtime(
-        &mut group,
+    let raw = on_runtime(&runtime, Echo);
+    let ours = on_runtime(&runtime, ours().layer(Echo));
+    let tower = on_runtime(&runtime, ConcurrencyLimitLayer::new(LIMIT).layer(Echo));
+    let tower_global = on_runtime(
         &runtime,
-        "tower_concurrency_limit",
-        ConcurrencyLimitLayer::new(LIMIT).layer(Echo),
-    );
-    on_runtime(
-        &mut group,
-        &runtime,
-        "tower_global_concurrency_limit",
         GlobalConcurrencyLimitLayer::new(LIMIT).layer(Echo),
     );
-    on_runtime(
-        &mut group,
-        &runtime,
-        "tower_resilience_bulkhead",
-        resilience().layer(Echo),
+    let resilience = on_runtime(&runtime, resilience().layer(Echo));
+    in_turns(
+        c,
+        "layer_round_trip",
+        &[
+            ("raw", &raw),
+            ("ours", &ours),
+            ("tower_concurrency_limit", &tower),
+            ("tower_global_concurrency_limit", &tower_global),
+            ("tower_resilience_bulkhead", &resilience),
+        ],
     );
-    group.finish();
 }
 
 fn layer_round_trip_no_runtime(c: &mut Criterion) {
-    let mut group = c.benchmark_group("layer_round_trip_no_runtime");
-    without_runtime(&mut group, "raw", Echo);
-    without_runtime(&mut group, "ours", ours().layer(Echo));
-    without_runtime(
-        &mut group,
-        "ours_classified",
-        ours().classify(|_: &u64| Ticket::new()).layer(Echo),
+    let raw = without_runtime(Echo);
+    let ours_plain = without_runtime(ours().layer(Echo));
+    let ours_classified = without_runtime(ours().classify(|_: &u64| Ticket::new()).layer(Echo));
+    let tower = without_runtime(ConcurrencyLimitLayer::new(LIMIT).layer(Echo));
+    let tower_global = without_runtime(GlobalConcurrencyLimitLayer::new(LIMIT).layer(Echo));
+    in_turns(
+        c,
+        "layer_round_trip_no_runtime",
+        &[
+            ("raw", &raw),
+            ("ours", &ours_plain),
+            ("ours_classified", &ours_classified),
+            ("tower_concurrency_limit", &tower),
+            ("tower_global_concurrency_limit", &tower_global),
+        ],
     );
-    without_runtime(
-        &mut group,
-        "tower_concurrency_limit",
-        ConcurrencyLimitLayer::new(LIMIT).layer(Echo),
-    );
-    without_runtime(
-        &mut group,
-        "tower_global_concurrency_limit",
-        GlobalConcurrencyLimitLayer::new(LIMIT).layer(Echo),
-    );
-    group.finish();
 }
 
 // What `criterion_group!` expands to, written out because the macro's

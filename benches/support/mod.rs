@@ -8,7 +8,7 @@ use criterion::Criterion;
 use std::convert::Infallible;
 use std::future::{ready, Ready};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tower::Service;
 
 /// The inner service: always ready, answers with its request at once, so
@@ -38,4 +38,33 @@ pub(crate) fn criterion(measurement: Duration) -> Criterion {
         .measurement_time(measurement)
         .sample_size(30)
         .configure_from_args()
+}
+
+/// One variant of an interleaved measurement: `turn(n)` makes `n` calls.
+pub(crate) type Turn<'a> = &'a dyn Fn(u64);
+
+/// Times `turns[mine]` only, running every turn in order, 1,000 calls each,
+/// until `iters` of its own calls are done: a criterion `iter_custom` body.
+///
+/// On a shared machine the speed of every variant drifts within a run and
+/// between runs; measured one after the other, a variant's luck becomes its
+/// ratio. Taking turns, every variant meets the same drift, and the ratio
+/// between them holds still while the nanoseconds move. Each turn loops
+/// itself, so no indirect call per call is measured.
+pub(crate) fn interleaved(iters: u64, turns: &[Turn<'_>], mine: usize) -> Duration {
+    const TURN: u64 = 1_000;
+    let mut timed = Duration::ZERO;
+    let mut left = iters;
+    while left > 0 {
+        let calls = left.min(TURN);
+        for (index, turn) in turns.iter().enumerate() {
+            let start = Instant::now();
+            turn(calls);
+            if index == mine {
+                timed += start.elapsed();
+            }
+        }
+        left -= calls;
+    }
+    timed
 }
