@@ -111,12 +111,11 @@ impl Bulkhead {
     ///
     /// A caller never overtakes callers parked by [`acquire`](Self::acquire):
     /// while any are parked, a free slot goes to them first.
-    #[inline]
+    #[inline(always)]
     pub fn try_acquire(&self) -> Result<Permit, ServiceSaturated> {
-        match self.shared.try_claim() {
-            Ok(claim) => Ok(Permit::new(self.shared.clone(), claim)),
-            Err(reason) => Err(self.shared.saturated(reason)),
-        }
+        self.shared
+            .claim_or_shed()
+            .map(|claim| Permit::new(self.shared.clone(), claim))
     }
 
     /// [`try_acquire`](Self::try_acquire) for a permit that borrows the
@@ -141,12 +140,11 @@ impl Bulkhead {
     /// }
     /// assert!(bulkhead.try_acquire().is_ok());
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn try_acquire_borrowed(&self) -> Result<BorrowedPermit<'_>, ServiceSaturated> {
-        match self.shared.try_claim() {
-            Ok(claim) => Ok(BorrowedPermit::new(&self.shared, claim)),
-            Err(reason) => Err(self.shared.saturated(reason)),
-        }
+        self.shared
+            .claim_or_shed()
+            .map(|claim| BorrowedPermit::new(&self.shared, claim))
     }
 
     /// Takes a slot, waiting for one up to the configured `wait` budget.
@@ -506,7 +504,20 @@ impl Shared {
     // Performance).
     #[inline(always)]
     pub(crate) fn try_claim(&self) -> Result<Claim, ShedReason> {
+        self.try_claim_at(self.clock.now())
+    }
+
+    /// [`try_claim`](Self::try_claim), with the refusal made a
+    /// [`ServiceSaturated`] on the same clock read.
+    #[inline(always)]
+    pub(crate) fn claim_or_shed(&self) -> Result<Claim, ServiceSaturated> {
         let now = self.clock.now();
+        self.try_claim_at(now)
+            .map_err(|reason| self.saturated_at(reason, now))
+    }
+
+    #[inline(always)]
+    fn try_claim_at(&self, now: u64) -> Result<Claim, ShedReason> {
         if self.waiters.quiet() {
             if let Some(claim) = self.slots.try_claim(now, Ordering::Relaxed) {
                 return Ok(claim);
@@ -690,7 +701,11 @@ impl Shared {
 
     /// The error for a call shed now (and the record of it).
     pub(crate) fn saturated(&self, reason: ShedReason) -> ServiceSaturated {
-        let now = self.clock.now();
+        self.saturated_at(reason, self.clock.now())
+    }
+
+    #[cold]
+    fn saturated_at(&self, reason: ShedReason, now: u64) -> ServiceSaturated {
         if self.observer.rollups.minute_turned(now - 1) {
             self.turn_minute(now, 0);
         }

@@ -50,6 +50,7 @@ where
 {
     type Output = Result<T, BoxError>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
             KindProj::Called { future, permit } => {

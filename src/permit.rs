@@ -35,7 +35,7 @@ pub struct BorrowedPermit<'a> {
 }
 
 impl<'a> BorrowedPermit<'a> {
-    #[inline]
+    #[inline(always)]
     pub(crate) fn new(shared: &'a Shared, claim: Claim) -> Self {
         shared.admitted(&claim);
         Self { shared, claim }
@@ -49,7 +49,7 @@ impl<'a> BorrowedPermit<'a> {
 }
 
 impl Drop for BorrowedPermit<'_> {
-    #[inline]
+    #[inline(always)]
     fn drop(&mut self) {
         self.shared.release_permit(&self.claim);
     }

@@ -88,9 +88,9 @@ impl Readiness {
     ) -> R {
         if let Readiness::Idle = self {
             let shared = bulkhead.shared();
-            return match shared.try_claim() {
+            return match shared.claim_or_shed() {
                 Ok(claim) => admitted(Permit::new(shared.clone(), claim)),
-                Err(reason) => shed(shared.saturated(reason)),
+                Err(refused) => shed(refused),
             };
         }
         match self.take_decided(bulkhead) {

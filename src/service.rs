@@ -71,12 +71,14 @@ where
     type Error = BoxError;
     type Future = ResponseFuture<S::Future>;
 
+    #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         ready!(self.inner.poll_ready(cx)).map_err(Into::into)?;
         ready!(self.readiness.poll_ready(&self.bulkhead, cx));
         Poll::Ready(Ok(()))
     }
 
+    #[inline]
     fn call(&mut self, request: Request) -> Self::Future {
         let inner = &mut self.inner;
         self.readiness.call(

@@ -213,28 +213,27 @@ impl SlotTable {
     #[inline(always)]
     fn take_free(&self, now: u64, order: Ordering) -> Option<(usize, u64, u64)> {
         let held_until = now.saturating_add(self.hold).min(MAX_DEADLINE) << GENERATION_BITS;
-        let len = self.slots.len();
-        let mut index = start_index(len);
-        for _ in 0..len {
-            let slot = &self.slots[index];
+        // A local slice and two plain ranges (from the start index to the
+        // end, then from 0): indexing `self.slots` with a wrapping index
+        // reloaded the table's address and length and checked bounds on
+        // every slot, and a shed scans them all.
+        let slots = &self.slots[..];
+        let take = |index: usize| {
+            let slot = &slots[index];
             let word = slot.word.load(order);
             let until = deadline(word);
-            if until <= now {
-                let new = held_until | next_generation(word);
-                if slot
+            let new = held_until | next_generation(word);
+            (until <= now
+                && slot
                     .word
                     .compare_exchange(word, new, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    return Some((index, new, until));
-                }
-            }
-            index += 1;
-            if index == len {
-                index = 0;
-            }
-        }
-        None
+                    .is_ok())
+            .then_some((index, new, until))
+        };
+        let start = start_index(slots.len());
+        (start..slots.len())
+            .find_map(take)
+            .or_else(|| (0..start).find_map(take))
     }
 
     /// Takes `weight` slots together, or none: one claim stands for them all
