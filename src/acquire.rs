@@ -69,6 +69,7 @@ impl Place {
 
 impl Acquire {
     pub(crate) fn new(shared: Arc<Shared>, ticket: Ticket) -> Self {
+        shared.note_weight(ticket.get_weight());
         Self {
             shared,
             ticket,
@@ -139,7 +140,10 @@ impl Future for Acquire {
                         }
                         Arrival::Parked(node) => {
                             let observer = shared.observer();
-                            observer.parked(shared.waiters().parked());
+                            observer.parked(
+                                shared.in_flight_when_refused(shared.now()),
+                                shared.waiters().parked(),
+                            );
                             #[cfg(feature = "metrics")]
                             observer.waiting_by_priority(
                                 this.ticket.get_priority(),

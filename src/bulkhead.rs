@@ -10,7 +10,7 @@ use crate::permit::{BorrowedPermit, Permit};
 use crate::saturation::SaturationSignal;
 use crate::slots::{Claim, SlotTable};
 use crate::status::{Rollups, Status, Totals};
-use crate::sync::{Arc, Ordering};
+use crate::sync::{Arc, AtomicBool, Ordering};
 use crate::ticket::Ticket;
 use crate::waiters::Waiters;
 use std::fmt;
@@ -61,6 +61,11 @@ pub(crate) struct Shared {
     saturation: Option<SaturationSignal>,
     codel: Option<Codel>,
     config: Config,
+    /// Whether a call has ever asked for more than one slot. Until one has,
+    /// a caller is refused a slot only when every slot is held (or handed
+    /// on to a parked caller), so a refusal can record the limit as the
+    /// in-flight peak without counting.
+    weighted: AtomicBool,
 }
 
 impl Bulkhead {
@@ -98,6 +103,7 @@ impl Bulkhead {
             clock,
             waiters: Waiters::new(config.queue_order.clone()),
             observer,
+            weighted: AtomicBool::new(false),
             saturation: config.saturation_signal.map(SaturationSignal::new),
             codel: config.codel.map(Codel::new),
             config,
@@ -545,6 +551,7 @@ impl Shared {
         if weight == 0 || weight > self.slots.len() {
             return Err(ShedReason::InvalidWeight);
         }
+        self.note_weight(weight);
         self.claim_behind_parked(self.clock.now(), weight)
     }
 
@@ -709,6 +716,11 @@ impl Shared {
         if self.observer.rollups.minute_turned(now - 1) {
             self.turn_minute(now, 0);
         }
+        if reason.is_for_want_of_a_slot() {
+            self.observer
+                .rollups
+                .see_in_flight(self.in_flight_when_refused(now));
+        }
         self.observer.rejected(reason);
         ServiceSaturated::new(
             self.config.name.clone(),
@@ -720,6 +732,24 @@ impl Shared {
 
     pub(crate) fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// Remembers that a call asked for `weight` slots, if more than one.
+    pub(crate) fn note_weight(&self, weight: usize) {
+        if weight > 1 && !self.weighted.load(Ordering::Relaxed) {
+            self.weighted.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// How many slots are held when a caller is refused one or parks. With
+    /// weights, that can be fewer than all: slots too few for a weight, or
+    /// set aside for a weighted caller at the head of the line, stand free.
+    pub(crate) fn in_flight_when_refused(&self, now: u64) -> usize {
+        if self.weighted.load(Ordering::Relaxed) {
+            self.slots.held(now)
+        } else {
+            self.slots.len()
+        }
     }
 
     pub(crate) fn waiters(&self) -> &Waiters {

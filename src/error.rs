@@ -86,6 +86,18 @@ impl ShedReason {
         ShedReason::InvalidWeight,
     ];
 
+    /// Whether the call was refused for want of a slot (rather than bytes,
+    /// a closed bulkhead, a cancelled wait or a bad weight).
+    pub(crate) fn is_for_want_of_a_slot(self) -> bool {
+        matches!(
+            self,
+            ShedReason::LimitReached
+                | ShedReason::WaitExpired
+                | ShedReason::TooManyWaiting
+                | ShedReason::Saturated
+        )
+    }
+
     pub(crate) fn index(self) -> usize {
         match self {
             ShedReason::LimitReached => 0,

@@ -15,14 +15,13 @@ pub(crate) struct Observer {
     reclaimed: AtomicU64,
     waits: AtomicU64,
     wait_nanos: AtomicU64,
-    /// The bulkhead's limit: the in-flight peak whenever a caller found
-    /// every slot held.
-    limit: usize,
     pub(crate) rollups: Rollups,
     #[cfg(feature = "metrics")]
     metrics: crate::metrics::Metrics,
     #[cfg(feature = "tracing")]
     service: std::sync::Arc<str>,
+    #[cfg(feature = "tracing")]
+    limit: usize,
 }
 
 impl Observer {
@@ -45,12 +44,13 @@ impl Observer {
             reclaimed: AtomicU64::new(0),
             waits: AtomicU64::new(0),
             wait_nanos: AtomicU64::new(0),
-            limit,
             rollups,
             #[cfg(feature = "metrics")]
             metrics: crate::metrics::Metrics::register(service, limit),
             #[cfg(feature = "tracing")]
             service: service.into(),
+            #[cfg(feature = "tracing")]
+            limit,
         }
     }
 
@@ -109,18 +109,7 @@ impl Observer {
     }
 
     pub(crate) fn rejected(&self, reason: ShedReason) {
-        let limit = self.limit;
         self.rejected[reason.index()].fetch_add(1, Ordering::Relaxed);
-        if matches!(
-            reason,
-            ShedReason::LimitReached
-                | ShedReason::WaitExpired
-                | ShedReason::TooManyWaiting
-                | ShedReason::Saturated
-        ) {
-            // Shed for want of a slot: every slot was held.
-            self.rollups.see_in_flight(limit);
-        }
         self.emit(Event::Rejected { reason });
         #[cfg(feature = "metrics")]
         self.metrics.rejected[reason.index()].increment(1);
@@ -128,11 +117,11 @@ impl Observer {
         if reason == ShedReason::InvalidWeight {
             tracing::warn!(
                 service = %self.service,
-                limit,
+                limit = self.limit,
                 "bulkhead refused a call whose weight was 0 or over the limit: a classifier bug"
             );
         } else {
-            tracing::debug!(service = %self.service, limit, reason = reason.as_str(), "bulkhead shed a call");
+            tracing::debug!(service = %self.service, limit = self.limit, reason = reason.as_str(), "bulkhead shed a call");
         }
     }
 
@@ -174,9 +163,10 @@ impl Observer {
         self.metrics.waiting_by_priority(priority, waiting_now);
     }
 
-    /// Someone was parked (so every slot was held): the number waiting changed.
-    pub(crate) fn parked(&self, waiting_now: usize) {
-        self.rollups.see_in_flight(self.limit);
+    /// Someone was parked while `in_flight` slots were held: the number
+    /// waiting changed.
+    pub(crate) fn parked(&self, in_flight: usize, waiting_now: usize) {
+        self.rollups.see_in_flight(in_flight);
         #[cfg(feature = "metrics")]
         self.metrics.waiting.set(waiting_now as f64);
         let _ = waiting_now;

@@ -315,3 +315,30 @@ async fn a_heavy_head_whose_budget_runs_out_hands_the_free_slots_to_the_caller_b
     drop(first);
     assert_eq!(bulkhead.in_flight(), 0);
 }
+
+#[test]
+fn a_weighted_refusal_records_the_slots_actually_held_as_the_peak() {
+    let bulkhead = Bulkhead::new(Config::new(4, RECLAIM));
+    let _held = [bulkhead.try_acquire().unwrap(), bulkhead.try_acquire().unwrap()];
+
+    let shed = bulkhead.try_acquire_weighted(3).unwrap_err();
+
+    assert_eq!(shed.reason(), ShedReason::LimitReached);
+    // Two slots stood free: the minute's peak is the two held, not the limit.
+    assert_eq!(bulkhead.status().last_minute.peak_in_flight, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_weighted_caller_parked_beside_free_slots_records_the_slots_actually_held() {
+    let bulkhead = waiting(4, QueueOrder::Fifo);
+    let held = [bulkhead.try_acquire().unwrap(), bulkhead.try_acquire().unwrap()];
+
+    let heavy = spawn_acquire(&bulkhead, 3);
+    while bulkhead.waiting() == 0 {
+        tokio::task::yield_now().await;
+    }
+
+    assert_eq!(bulkhead.status().last_minute.peak_in_flight, 2);
+    drop(held);
+    heavy.await.unwrap().unwrap();
+}
