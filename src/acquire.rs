@@ -69,7 +69,6 @@ impl Place {
 
 impl Acquire {
     pub(crate) fn new(shared: Arc<Shared>, ticket: Ticket) -> Self {
-        shared.note_weight(ticket.get_weight());
         Self {
             shared,
             ticket,

@@ -250,7 +250,7 @@ impl Bulkhead {
     /// drop(heavy);
     /// assert_eq!(bulkhead.in_flight(), 0);
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn try_acquire_weighted(&self, weight: usize) -> Result<Permit, ServiceSaturated> {
         match self.shared.try_claim_weighted(weight) {
             Ok(claim) => Ok(Permit::new(self.shared.clone(), claim)),
@@ -502,12 +502,8 @@ impl Bulkhead {
 }
 
 impl Shared {
-    /// The fast path: one load to see that nobody is parked (and that the
-    /// bulkhead is open), one clock read, one compare-and-exchange on a free
-    /// slot.
-    // `always`: the claim must reach the permit in registers; a call here
-    // returns it through memory, and the reload stalls (see the README's
-    // Performance).
+    /// A slot for a caller that may not wait, at the time of one clock
+    /// read.
     #[inline(always)]
     pub(crate) fn try_claim(&self) -> Result<Claim, ShedReason> {
         self.try_claim_at(self.clock.now())
@@ -522,6 +518,11 @@ impl Shared {
             .map_err(|reason| self.saturated_at(reason, now))
     }
 
+    /// The fast path: one load to see that nobody is parked (and that the
+    /// bulkhead is open), one compare-and-exchange on a free slot.
+    // `always`: the claim must reach the permit in registers; a call here
+    // returns it through memory, and the reload stalls (see the README's
+    // Performance).
     #[inline(always)]
     fn try_claim_at(&self, now: u64) -> Result<Claim, ShedReason> {
         if self.waiters.quiet() {
@@ -536,7 +537,7 @@ impl Shared {
     }
 
     /// [`try_claim`](Self::try_claim) for `weight` slots at once.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn try_claim_weighted(&self, weight: usize) -> Result<Claim, ShedReason> {
         if weight == 1 {
             self.try_claim()
@@ -716,10 +717,11 @@ impl Shared {
         if self.observer.rollups.minute_turned(now - 1) {
             self.turn_minute(now, 0);
         }
-        if reason.is_for_want_of_a_slot() {
-            self.observer
-                .rollups
-                .see_in_flight(self.in_flight_when_refused(now));
+        // Once the minute's peak is the limit, nothing can raise it: skip
+        // counting the slots held.
+        let rollups = &self.observer.rollups;
+        if reason.is_for_want_of_a_slot() && rollups.peak_below(self.slots.len()) {
+            rollups.see_in_flight(self.in_flight_when_refused(now));
         }
         self.observer.rejected(reason);
         ServiceSaturated::new(

@@ -49,7 +49,8 @@ pub enum ShedReason {
     LimitReached,
     /// The caller waited its whole `wait` budget and no slot came free.
     WaitExpired,
-    /// Every slot was held and `max_waiting` callers were already parked.
+    /// Every slot was held (as for `LimitReached`) and `max_waiting`
+    /// callers were already parked.
     TooManyWaiting,
     /// A slot was free but the byte budget
     /// ([`Config::max_bytes`](crate::Config::max_bytes)) was not; the slot
@@ -60,8 +61,8 @@ pub enum ShedReason {
     /// The caller was waiting when its waiters were
     /// [cancelled](crate::Bulkhead::cancel_waiting).
     Cancelled,
-    /// Every slot was held and recent waits have mostly expired, so the
-    /// caller was shed at once instead of waiting
+    /// Every slot was held (as for `LimitReached`) and recent waits have
+    /// mostly expired, so the caller was shed at once instead of waiting
     /// ([`Config::saturation_signal`](crate::Config::saturation_signal)).
     Saturated,
     /// The call asked for a weight of 0 slots, or more than the bulkhead

@@ -63,7 +63,9 @@ pub struct Status {
 pub struct Totals {
     /// Slots granted.
     pub admitted: u64,
-    /// Calls shed because every slot was held and nobody could wait.
+    /// Calls shed because every slot was held (see
+    /// [`ShedReason::LimitReached`](crate::ShedReason::LimitReached)) and
+    /// nobody could wait.
     pub rejected_limit: u64,
     /// Calls shed after waiting their whole `wait` budget.
     pub rejected_wait_expired: u64,
@@ -225,9 +227,14 @@ impl Rollups {
         now >= self.next_minute.load(Ordering::Relaxed)
     }
 
+    /// Whether the peak since the last entry is below `in_flight`.
+    pub(crate) fn peak_below(&self, in_flight: usize) -> bool {
+        self.peak.load(Ordering::Relaxed) < in_flight
+    }
+
     pub(crate) fn see_in_flight(&self, in_flight: usize) {
-        // Sheds see the limit over and over: read before writing, so that
-        // they do not all write the one shared word for nothing.
+        // Sheds see the same figure over and over: read before writing, so
+        // that they do not all write the one shared word for nothing.
         if self.peak.load(Ordering::Relaxed) < in_flight {
             self.peak.fetch_max(in_flight, Ordering::Relaxed);
         }

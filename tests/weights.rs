@@ -20,6 +20,13 @@ fn waiting(limit: usize, order: QueueOrder) -> Bulkhead {
     )
 }
 
+/// Takes `slots` slots, one permit each.
+fn hold(bulkhead: &Bulkhead, slots: usize) -> Vec<tower_inflight::Permit> {
+    (0..slots)
+        .map(|_| bulkhead.try_acquire().unwrap())
+        .collect()
+}
+
 /// Spawns a caller that waits for `weight` slots and lets them go at once.
 fn spawn_acquire(
     bulkhead: &Bulkhead,
@@ -319,7 +326,7 @@ async fn a_heavy_head_whose_budget_runs_out_hands_the_free_slots_to_the_caller_b
 #[test]
 fn a_weighted_refusal_records_the_slots_actually_held_as_the_peak() {
     let bulkhead = Bulkhead::new(Config::new(4, RECLAIM));
-    let _held = [bulkhead.try_acquire().unwrap(), bulkhead.try_acquire().unwrap()];
+    let _held = hold(&bulkhead, 2);
 
     let shed = bulkhead.try_acquire_weighted(3).unwrap_err();
 
@@ -331,13 +338,31 @@ fn a_weighted_refusal_records_the_slots_actually_held_as_the_peak() {
 #[tokio::test(start_paused = true)]
 async fn a_weighted_caller_parked_beside_free_slots_records_the_slots_actually_held() {
     let bulkhead = waiting(4, QueueOrder::Fifo);
-    let held = [bulkhead.try_acquire().unwrap(), bulkhead.try_acquire().unwrap()];
+    let held = hold(&bulkhead, 2);
 
     let heavy = spawn_acquire(&bulkhead, 3);
     while bulkhead.waiting() == 0 {
         tokio::task::yield_now().await;
     }
 
+    assert_eq!(bulkhead.status().last_minute.peak_in_flight, 2);
+    drop(held);
+    heavy.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_refused_beside_slots_set_aside_for_a_weighted_head_records_the_slots_held() {
+    let bulkhead = Bulkhead::new(Config::new(4, RECLAIM).wait(Duration::from_secs(10)));
+    let held = hold(&bulkhead, 2);
+    let heavy = spawn_acquire(&bulkhead, 3);
+    while bulkhead.waiting() == 0 {
+        tokio::task::yield_now().await;
+    }
+
+    // Two slots are free, but they wait for the heavy caller at the head.
+    let shed = bulkhead.try_acquire().unwrap_err();
+
+    assert_eq!(shed.reason(), ShedReason::LimitReached);
     assert_eq!(bulkhead.status().last_minute.peak_in_flight, 2);
     drop(held);
     heavy.await.unwrap().unwrap();
