@@ -26,7 +26,7 @@ mod support;
 use criterion::{black_box, criterion_main, Criterion};
 use std::sync::Arc;
 use std::time::Duration;
-use support::{interleaved, Turn};
+use support::{each, interleaved, Turn};
 use tokio::sync::Semaphore;
 use tower_inflight::{Bulkhead, Config, QueueOrder};
 
@@ -48,31 +48,21 @@ fn try_acquire_drop(c: &mut Criterion) {
     let semaphore = Semaphore::new(LIMIT);
     let owned = Arc::new(Semaphore::new(LIMIT));
 
-    let ours_owned = |calls| {
-        for _ in 0..calls {
-            black_box(black_box(&ours).try_acquire().is_ok());
-        }
-    };
-    let ours_borrowed = |calls| {
-        for _ in 0..calls {
-            black_box(black_box(&ours).try_acquire_borrowed().is_ok());
-        }
-    };
-    let ours_unclocked = |calls| {
-        for _ in 0..calls {
-            black_box(black_box(&unclocked).try_acquire_borrowed().is_ok());
-        }
-    };
-    let tokio_borrowed = |calls| {
-        for _ in 0..calls {
-            black_box(black_box(&semaphore).try_acquire().is_ok());
-        }
-    };
-    let tokio_owned = |calls| {
-        for _ in 0..calls {
-            black_box(black_box(&owned).clone().try_acquire_owned().is_ok());
-        }
-    };
+    let ours_owned = each(|| {
+        black_box(black_box(&ours).try_acquire().is_ok());
+    });
+    let ours_borrowed = each(|| {
+        black_box(black_box(&ours).try_acquire_borrowed().is_ok());
+    });
+    let ours_unclocked = each(|| {
+        black_box(black_box(&unclocked).try_acquire_borrowed().is_ok());
+    });
+    let tokio_borrowed = each(|| {
+        black_box(black_box(&semaphore).try_acquire().is_ok());
+    });
+    let tokio_owned = each(|| {
+        black_box(black_box(&owned).clone().try_acquire_owned().is_ok());
+    });
     let turns: [Turn<'_>; 5] = [
         &ours_owned,
         &ours_borrowed,
@@ -105,21 +95,15 @@ fn scheduling_unused(c: &mut Criterion) {
             .saturation_signal(0.8, 20, Duration::from_secs(10)),
     );
     // Each takes a slot and drops it at once, as `try_acquire_drop` does.
-    let plain_calls = |calls| {
-        for _ in 0..calls {
-            black_box(black_box(&plain).try_acquire().is_ok());
-        }
-    };
-    let scheduled_calls = |calls| {
-        for _ in 0..calls {
-            black_box(black_box(&scheduled).try_acquire().is_ok());
-        }
-    };
-    let weight_one_calls = |calls| {
-        for _ in 0..calls {
-            black_box(black_box(&plain).try_acquire_weighted(1).is_ok());
-        }
-    };
+    let plain_calls = each(|| {
+        black_box(black_box(&plain).try_acquire().is_ok());
+    });
+    let scheduled_calls = each(|| {
+        black_box(black_box(&scheduled).try_acquire().is_ok());
+    });
+    let weight_one_calls = each(|| {
+        black_box(black_box(&plain).try_acquire_weighted(1).is_ok());
+    });
     let turns: [Turn<'_>; 3] = [&plain_calls, &scheduled_calls, &weight_one_calls];
     for (mine, name) in ["plain", "priorities_and_signal_configured", "weighted_1"]
         .into_iter()

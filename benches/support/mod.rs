@@ -43,6 +43,15 @@ pub(crate) fn criterion(measurement: Duration) -> Criterion {
 /// One variant of an interleaved measurement: `turn(n)` makes `n` calls.
 pub(crate) type Turn<'a> = &'a dyn Fn(u64);
 
+/// A turn that makes each of its calls with `call` (inlined into the loop).
+pub(crate) fn each(call: impl Fn()) -> impl Fn(u64) {
+    move |calls| {
+        for _ in 0..calls {
+            call();
+        }
+    }
+}
+
 /// Times `turns[mine]` only, running every turn in order, 1,000 calls each,
 /// until `iters` of its own calls are done: a criterion `iter_custom` body.
 ///
