@@ -723,9 +723,8 @@ impl Shared {
         if reason.is_for_want_of_a_slot() && rollups.peak_below(self.slots.len()) {
             rollups.see_in_flight(self.in_flight_when_refused(now));
         }
-        self.observer.rejected(reason);
         ServiceSaturated::new(
-            self.config.name.clone(),
+            self.observer.rejected(reason),
             self.config.limit,
             reason,
             self.config.retry_after,

@@ -135,6 +135,7 @@ mod metrics;
 mod observe;
 mod permit;
 mod readiness;
+mod refusals;
 mod saturation;
 mod service;
 mod slots;

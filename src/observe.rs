@@ -4,6 +4,7 @@
 
 use crate::error::ShedReason;
 use crate::event::{Event, Hook};
+use crate::refusals::Refusals;
 use crate::status::{Rollups, Totals};
 use crate::sync::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -11,7 +12,7 @@ use std::time::Duration;
 #[derive(Debug)]
 pub(crate) struct Observer {
     hook: Option<Hook>,
-    rejected: [AtomicU64; ShedReason::COUNT],
+    refusals: Refusals,
     reclaimed: AtomicU64,
     waits: AtomicU64,
     wait_nanos: AtomicU64,
@@ -40,7 +41,7 @@ impl Observer {
         let service = name.unwrap_or("bulkhead");
         Self {
             hook,
-            rejected: Default::default(),
+            refusals: Refusals::new(name),
             reclaimed: AtomicU64::new(0),
             waits: AtomicU64::new(0),
             wait_nanos: AtomicU64::new(0),
@@ -108,8 +109,10 @@ impl Observer {
         }
     }
 
-    pub(crate) fn rejected(&self, reason: ShedReason) {
-        self.rejected[reason.index()].fetch_add(1, Ordering::Relaxed);
+    /// A call was refused for `reason`: counted, and the bulkhead's name
+    /// handed out for its error (see [`Refusals`]).
+    pub(crate) fn rejected(&self, reason: ShedReason) -> Option<std::sync::Arc<str>> {
+        let name = self.refusals.refuse(reason);
         self.emit(Event::Rejected { reason });
         #[cfg(feature = "metrics")]
         self.metrics.rejected[reason.index()].increment(1);
@@ -123,6 +126,7 @@ impl Observer {
         } else {
             tracing::debug!(service = %self.service, limit = self.limit, reason = reason.as_str(), "bulkhead shed a call");
         }
+        name
     }
 
     pub(crate) fn waited(&self, waited: Duration, admitted: bool, waiting_now: usize) {
@@ -190,7 +194,7 @@ impl Observer {
     }
 
     pub(crate) fn totals(&self, admitted: u64) -> Totals {
-        let rejected = |reason: ShedReason| self.rejected[reason.index()].load(Ordering::Relaxed);
+        let rejected = |reason: ShedReason| self.refusals.count(reason);
         Totals {
             admitted,
             rejected_limit: rejected(ShedReason::LimitReached),

@@ -1,0 +1,84 @@
+//! Where refusals are counted, spread over cache lines.
+//!
+//! Under overload every thread sheds, and each refusal counts itself and
+//! clones the bulkhead's name into its error. Kept in one place, the count
+//! and the name's reference count would be two cache lines that every
+//! shedding thread writes, moving between cores on every refusal. So a
+//! thread counts, and clones the name, in a lane of its own: one of a few
+//! cache lines, chosen by the same per-thread hash that picks where its
+//! claims start scanning, each with its own counts and its own copy of the
+//! name.
+
+use crate::error::ShedReason;
+use crate::slots::start_index;
+use crate::sync::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Lanes per bulkhead: threads beyond this share lanes, which still splits
+/// their writes this many ways.
+const LANES: usize = 16;
+
+#[derive(Debug)]
+#[repr(align(64))]
+struct Lane {
+    refused: [AtomicU64; ShedReason::COUNT],
+    name: Option<Arc<str>>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Refusals {
+    lanes: Box<[Lane]>,
+}
+
+impl Refusals {
+    pub(crate) fn new(name: Option<&str>) -> Self {
+        let lanes = (0..LANES)
+            .map(|_| Lane {
+                refused: Default::default(),
+                name: name.map(Arc::from),
+            })
+            .collect();
+        Self { lanes }
+    }
+
+    /// Counts a refusal for `reason` in this thread's lane, and gives the
+    /// lane's copy of the name for the refusal's error.
+    pub(crate) fn refuse(&self, reason: ShedReason) -> Option<Arc<str>> {
+        let lane = &self.lanes[start_index(self.lanes.len())];
+        lane.refused[reason.index()].fetch_add(1, Ordering::Relaxed);
+        lane.name.clone()
+    }
+
+    /// Refusals for `reason`, ever.
+    pub(crate) fn count(&self, reason: ShedReason) -> u64 {
+        self.lanes
+            .iter()
+            .map(|lane| lane.refused[reason.index()].load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+#[cfg(all(test, not(tower_inflight_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_every_refusal_by_reason_and_hands_out_the_name() {
+        let refusals = Refusals::new(Some("payments"));
+        let names: Vec<_> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..4)
+                .map(|_| scope.spawn(|| refusals.refuse(ShedReason::LimitReached)))
+                .collect();
+            threads
+                .into_iter()
+                .map(|thread| thread.join().unwrap())
+                .collect()
+        });
+        refusals.refuse(ShedReason::Bytes);
+
+        assert!(names.iter().all(|name| name.as_deref() == Some("payments")));
+        assert_eq!(refusals.count(ShedReason::LimitReached), 4);
+        assert_eq!(refusals.count(ShedReason::Bytes), 1);
+        assert_eq!(refusals.count(ShedReason::Closed), 0);
+    }
+}
