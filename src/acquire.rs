@@ -86,7 +86,8 @@ impl Future for Acquire {
             match this.state.as_mut().project() {
                 StateProj::Arriving => {
                     let shared = &**this.shared;
-                    let reason = match shared.try_claim_weighted(this.ticket.get_weight()) {
+                    let now = shared.now();
+                    let reason = match shared.try_claim_weighted(this.ticket.get_weight(), now) {
                         Ok(claim) => {
                             this.state.set(State::Done);
                             return Poll::Ready(Ok(Permit::new(this.shared.clone(), claim)));
@@ -97,7 +98,7 @@ impl Future for Acquire {
                         Some(wait) if reason == ShedReason::LimitReached => wait,
                         _ => {
                             this.state.set(State::Done);
-                            return Poll::Ready(Err(shared.saturated(reason)));
+                            return Poll::Ready(Err(shared.saturated_at(reason, now)));
                         }
                     };
                     // Waiting has been futile of late: shed at once, unless

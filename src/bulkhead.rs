@@ -252,9 +252,10 @@ impl Bulkhead {
     /// ```
     #[inline(always)]
     pub fn try_acquire_weighted(&self, weight: usize) -> Result<Permit, ServiceSaturated> {
-        match self.shared.try_claim_weighted(weight) {
+        let now = self.shared.now();
+        match self.shared.try_claim_weighted(weight, now) {
             Ok(claim) => Ok(Permit::new(self.shared.clone(), claim)),
-            Err(reason) => Err(self.shared.saturated(reason)),
+            Err(reason) => Err(self.shared.saturated_at(reason, now)),
         }
     }
 
@@ -502,15 +503,8 @@ impl Bulkhead {
 }
 
 impl Shared {
-    /// A slot for a caller that may not wait, at the time of one clock
-    /// read.
-    #[inline(always)]
-    pub(crate) fn try_claim(&self) -> Result<Claim, ShedReason> {
-        self.try_claim_at(self.clock.now())
-    }
-
-    /// [`try_claim`](Self::try_claim), with the refusal made a
-    /// [`ServiceSaturated`] on the same clock read.
+    /// A slot for a caller that may not wait, or the refusal made a
+    /// [`ServiceSaturated`], on one clock read.
     #[inline(always)]
     pub(crate) fn claim_or_shed(&self) -> Result<Claim, ServiceSaturated> {
         let now = self.clock.now();
@@ -536,24 +530,25 @@ impl Shared {
         self.claim_behind_parked(now, 1)
     }
 
-    /// [`try_claim`](Self::try_claim) for `weight` slots at once.
+    /// [`try_claim_at`](Self::try_claim_at) for `weight` slots at once, at `now`
+    /// (read by the caller, so that a refusal can reuse it).
     #[inline(always)]
-    pub(crate) fn try_claim_weighted(&self, weight: usize) -> Result<Claim, ShedReason> {
+    pub(crate) fn try_claim_weighted(&self, weight: usize, now: u64) -> Result<Claim, ShedReason> {
         if weight == 1 {
-            self.try_claim()
+            self.try_claim_at(now)
         } else {
-            self.try_claim_heavy(weight)
+            self.try_claim_heavy(weight, now)
         }
     }
 
     /// Under the waiter queue's lock: a weighted claim that has to give
     /// back the slots it took frees them where no caller can park unseen.
-    fn try_claim_heavy(&self, weight: usize) -> Result<Claim, ShedReason> {
+    fn try_claim_heavy(&self, weight: usize, now: u64) -> Result<Claim, ShedReason> {
         if weight == 0 || weight > self.slots.len() {
             return Err(ShedReason::InvalidWeight);
         }
         self.note_weight(weight);
-        self.claim_behind_parked(self.clock.now(), weight)
+        self.claim_behind_parked(now, weight)
     }
 
     fn claim_behind_parked(&self, now: u64, weight: usize) -> Result<Claim, ShedReason> {
@@ -712,8 +707,9 @@ impl Shared {
         self.saturated_at(reason, self.clock.now())
     }
 
+    /// [`saturated`](Self::saturated) at `now`, already read.
     #[cold]
-    fn saturated_at(&self, reason: ShedReason, now: u64) -> ServiceSaturated {
+    pub(crate) fn saturated_at(&self, reason: ShedReason, now: u64) -> ServiceSaturated {
         if self.observer.rollups.minute_turned(now - 1) {
             self.turn_minute(now, 0);
         }
@@ -761,6 +757,7 @@ impl Shared {
         &self.slots
     }
 
+    #[inline]
     pub(crate) fn now(&self) -> u64 {
         self.clock.now()
     }

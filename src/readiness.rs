@@ -137,12 +137,13 @@ pub(crate) enum TicketAdmission {
 #[inline(always)]
 pub(crate) fn admit(bulkhead: &Bulkhead, ticket: Ticket) -> TicketAdmission {
     let shared = bulkhead.shared();
-    match shared.try_claim_weighted(ticket.get_weight()) {
+    let now = shared.now();
+    match shared.try_claim_weighted(ticket.get_weight(), now) {
         Ok(claim) => TicketAdmission::Admitted(claim),
         Err(ShedReason::LimitReached) if shared.config().wait.is_some() => {
             TicketAdmission::Wait(bulkhead.acquire_with(ticket))
         }
-        Err(reason) => TicketAdmission::Shed(shared.saturated(reason)),
+        Err(reason) => TicketAdmission::Shed(shared.saturated_at(reason, now)),
     }
 }
 
