@@ -4,10 +4,10 @@
 //! clones the bulkhead's name into its error. Kept in one place, the count
 //! and the name's reference count would be two cache lines that every
 //! shedding thread writes, moving between cores on every refusal. So a
-//! thread counts, and clones the name, in a lane of its own: one of a few
-//! cache lines, chosen by the same per-thread hash that picks where its
-//! claims start scanning, each with its own counts and its own copy of the
-//! name.
+//! thread counts, and clones the name, in a lane of its own: one of 16,
+//! chosen by the same per-thread hash that picks where its claims start
+//! scanning, each aligned to cache lines of its own (2 KiB in all) and
+//! holding its own counts and its own copy of the name.
 
 use crate::error::ShedReason;
 use crate::slots::start_index;
