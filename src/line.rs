@@ -219,7 +219,7 @@ impl<T> Line<T> {
     }
 
     /// Takes the next entry to serve.
-    #[cfg(test)]
+    #[cfg(all(test, not(tower_inflight_loom)))]
     pub(crate) fn pop_next(&mut self, waiting: usize) -> Option<T> {
         let (place, _) = self.peek_next(waiting)?;
         Some(self.take(place))
