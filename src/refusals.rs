@@ -5,12 +5,10 @@
 //! and the name's reference count would be two cache lines that every
 //! shedding thread writes, moving between cores on every refusal. So a
 //! thread counts, and clones the name, in a lane of its own: one of 16,
-//! chosen by the same per-thread hash that picks where its claims start
-//! scanning, each aligned to cache lines of its own (2 KiB in all) and
-//! holding its own counts and its own copy of the name.
+//! each aligned to cache lines of its own (2 KiB in all) and holding its
+//! own counts and its own copy of the name.
 
 use crate::error::ShedReason;
-use crate::slots::start_index;
 use crate::sync::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -44,7 +42,7 @@ impl Refusals {
     /// Counts a refusal for `reason` in this thread's lane, and gives the
     /// lane's copy of the name for the refusal's error.
     pub(crate) fn refuse(&self, reason: ShedReason) -> Option<Arc<str>> {
-        let lane = &self.lanes[start_index(self.lanes.len())];
+        let lane = &self.lanes[this_threads_lane()];
         lane.refused[reason.index()].fetch_add(1, Ordering::Relaxed);
         lane.name.clone()
     }
@@ -56,6 +54,21 @@ impl Refusals {
             .map(|lane| lane.refused[reason.index()].load(Ordering::Relaxed))
             .sum()
     }
+}
+
+/// A lane for the calling thread, from where its stack is: threads' stacks
+/// lie megabytes apart, so the address of a local, in units of 2 MiB (the
+/// default size of a spawned thread's stack), tells threads apart without
+/// the thread-local lookup that cost a refusal on one thread as much as
+/// the lanes saved under contention. A thread whose stack crosses such a
+/// boundary counts in another lane, which is as correct.
+#[inline]
+fn this_threads_lane() -> usize {
+    const _: () = assert!(LANES.is_power_of_two());
+    let local = 0_u8;
+    let stack = (std::ptr::addr_of!(local) as usize >> 21) as u64;
+    // Fibonacci hashing: the top bits of the product spread neighbours out.
+    (stack.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (u64::BITS - LANES.trailing_zeros())) as usize
 }
 
 #[cfg(all(test, not(tower_inflight_loom)))]
@@ -80,5 +93,28 @@ mod tests {
         assert_eq!(refusals.count(ShedReason::LimitReached), 4);
         assert_eq!(refusals.count(ShedReason::Bytes), 1);
         assert_eq!(refusals.count(ShedReason::Closed), 0);
+    }
+
+    #[test]
+    fn threads_running_at_once_spread_over_lanes_in_range() {
+        let barrier = std::sync::Barrier::new(8);
+        let lanes: Vec<usize> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..8)
+                .map(|_| {
+                    scope.spawn(|| {
+                        // All alive at once, so each has a stack of its own.
+                        barrier.wait();
+                        this_threads_lane()
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|thread| thread.join().unwrap())
+                .collect()
+        });
+        assert!(lanes.iter().all(|&lane| lane < LANES));
+        let distinct: std::collections::HashSet<_> = lanes.iter().collect();
+        assert!(distinct.len() > 1, "eight threads all in lane {}", lanes[0]);
     }
 }

@@ -484,7 +484,7 @@ impl SlotTable {
 /// rest of the claim), so threads spread out over the table instead of all
 /// fighting over slot 0, while one thread keeps finding the slot it released.
 #[inline]
-pub(crate) fn start_index(len: usize) -> usize {
+fn start_index(len: usize) -> usize {
     thread_local! {
         static HASH: Cell<u32> = const { Cell::new(0) };
     }
