@@ -141,7 +141,7 @@ impl Future for Acquire {
                         Arrival::Parked(node) => {
                             let observer = shared.observer();
                             observer.parked(
-                                shared.in_flight_when_refused(shared.now()),
+                                shared.in_flight_when_refused(|| shared.now()),
                                 shared.waiters().parked(),
                             );
                             #[cfg(feature = "metrics")]

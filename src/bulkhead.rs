@@ -717,7 +717,7 @@ impl Shared {
         // counting the slots held.
         let rollups = &self.observer.rollups;
         if reason.is_for_want_of_a_slot() && rollups.peak_below(self.slots.len()) {
-            rollups.see_in_flight(self.in_flight_when_refused(now));
+            rollups.see_in_flight(self.in_flight_when_refused(|| now));
         }
         ServiceSaturated::new(
             self.observer.rejected(reason),
@@ -741,9 +741,10 @@ impl Shared {
     /// How many slots are held when a caller is refused one or parks. With
     /// weights, that can be fewer than all: slots too few for a weight, or
     /// set aside for a weighted caller at the head of the line, stand free.
-    pub(crate) fn in_flight_when_refused(&self, now: u64) -> usize {
+    /// `now` is read only if the slots have to be counted.
+    pub(crate) fn in_flight_when_refused(&self, now: impl FnOnce() -> u64) -> usize {
         if self.weighted.load(Ordering::Relaxed) {
-            self.slots.held(now)
+            self.slots.held(now())
         } else {
             self.slots.len()
         }
