@@ -39,6 +39,14 @@ async fn get_text(app: &Router, request: Request<Body>) -> (StatusCode, String) 
     (status, String::from_utf8(body.to_vec()).unwrap())
 }
 
+/// A request that asks, in its `x-weight` header, for `weight` slots.
+fn weighing(weight: &str) -> Request<Body> {
+    Request::get("/")
+        .header("x-weight", weight)
+        .body(Body::empty())
+        .unwrap()
+}
+
 fn weight_header(parts: &http::request::Parts) -> Ticket {
     let weight = parts
         .headers
@@ -52,10 +60,7 @@ fn weight_header(parts: &http::request::Parts) -> Ticket {
 async fn a_classified_request_holds_its_weight_in_slots_until_its_body_ends() {
     let layer = HttpConcurrencyLayer::new(Config::new(4, RECLAIM)).classify(weight_header);
     let (bulkhead, app) = in_flight_app(layer);
-    let heavy = Request::get("/")
-        .header("x-weight", "3")
-        .body(Body::empty())
-        .unwrap();
+    let heavy = weighing("3");
     assert_eq!(get_text(&app, heavy).await, (StatusCode::OK, "3".into()));
     let plain = Request::get("/").body(Body::empty()).unwrap();
     assert_eq!(get_text(&app, plain).await, (StatusCode::OK, "1".into()));
@@ -67,19 +72,13 @@ async fn a_request_heavier_than_the_free_slots_gets_503_and_one_heavier_than_the
     let layer = HttpConcurrencyLayer::new(Config::new(4, RECLAIM)).classify(weight_header);
     let (bulkhead, app) = in_flight_app(layer);
     let held = bulkhead.try_acquire_weighted(2).unwrap();
-    let request = Request::get("/")
-        .header("x-weight", "3")
-        .body(Body::empty())
-        .unwrap();
+    let request = weighing("3");
     let response = app.clone().oneshot(request).await.unwrap();
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(response.headers().contains_key(http::header::RETRY_AFTER));
     // A weight no retry can ever satisfy is the classifier's bug: 500.
     for weight in ["5", "0"] {
-        let request = Request::get("/")
-            .header("x-weight", weight)
-            .body(Body::empty())
-            .unwrap();
+        let request = weighing(weight);
         let response = app.clone().oneshot(request).await.unwrap();
         assert_eq!(
             response.status(),
@@ -184,10 +183,7 @@ async fn a_classified_request_that_waits_in_vain_gets_503_without_reaching_the_h
 async fn a_classified_response_holds_its_slots_until_its_body_has_been_read() {
     let layer = HttpConcurrencyLayer::new(Config::new(4, RECLAIM)).classify(weight_header);
     let (bulkhead, app) = in_flight_app(layer);
-    let heavy = Request::get("/")
-        .header("x-weight", "3")
-        .body(Body::empty())
-        .unwrap();
+    let heavy = weighing("3");
     let response = app.oneshot(heavy).await.unwrap();
     assert_eq!(bulkhead.in_flight(), 3, "the body is not read yet");
     response.into_body().collect().await.unwrap();
@@ -222,10 +218,7 @@ async fn an_inner_call_that_panics_releases_its_slots_with_or_without_a_classifi
     for layer in [plain, classified] {
         let bulkhead = layer.bulkhead();
         let service = tower::Layer::layer(&layer, PanicsInCall);
-        let request = Request::get("/")
-            .header("x-weight", "2")
-            .body(Body::empty())
-            .unwrap();
+        let request = weighing("2");
         let joined = tokio::spawn(service.oneshot(request)).await;
         assert!(joined.unwrap_err().is_panic());
         assert_eq!(bulkhead.in_flight(), 0, "{layer:?}");
