@@ -1,8 +1,14 @@
 //! Lifecycle: `close()`, `cancel_waiting()` and `drain()`.
 
+mod support;
+
+use support::spawn_acquire;
+
 use std::time::Duration;
 use tower::{Layer, Service, ServiceExt};
-use tower_inflight::{BoxError, Bulkhead, ConcurrencyLayer, Config, ServiceSaturated, ShedReason};
+use tower_inflight::{
+    BoxError, Bulkhead, ConcurrencyLayer, Config, ServiceSaturated, ShedReason, Ticket,
+};
 
 const WAIT: Duration = Duration::from_millis(100);
 
@@ -24,10 +30,7 @@ fn a_closed_bulkhead_refuses_new_calls_with_closed_even_with_free_slots() {
 async fn closing_turns_away_parked_callers_at_once_and_lets_calls_in_flight_finish() {
     let bulkhead = waiting(1);
     let in_flight = bulkhead.try_acquire().unwrap();
-    let parked = tokio::spawn({
-        let bulkhead = bulkhead.clone();
-        async move { bulkhead.acquire().await.map(drop) }
-    });
+    let parked = spawn_acquire(&bulkhead, Ticket::new());
     tokio::task::yield_now().await;
     assert_eq!(bulkhead.waiting(), 1);
 
@@ -72,10 +75,7 @@ async fn cancel_waiting_turns_away_only_those_waiting_now() {
     assert_eq!(bulkhead.status().totals.rejected_cancelled, 2);
 
     // A caller arriving later waits as usual, and gets the slot.
-    let later = tokio::spawn({
-        let bulkhead = bulkhead.clone();
-        async move { bulkhead.acquire().await.map(drop) }
-    });
+    let later = spawn_acquire(&bulkhead, Ticket::new());
     tokio::task::yield_now().await;
     assert_eq!(bulkhead.waiting(), 1);
     drop(held);

@@ -1,11 +1,15 @@
 //! Each event moves exactly the metric it should, with the right labels,
 //! seen through `metrics-util`'s debugging recorder.
 
+mod support;
+
+use support::spawn_acquire;
+
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::MetricKind;
 use std::collections::HashMap;
 use std::time::Duration;
-use tower_inflight::{Bulkhead, Config, ManualClock};
+use tower_inflight::{Bulkhead, Config, ManualClock, Ticket};
 
 /// Builds a bulkhead whose metrics go to a recorder of its own.
 fn recorded(config: Config) -> (Bulkhead, Snapshotter) {
@@ -148,10 +152,7 @@ async fn waits_are_timed_and_expired_and_crowded_waits_count_apart() {
     let (bulkhead, snapshotter) =
         recorded(config(1).wait(Duration::from_millis(50)).max_waiting(1));
     let _held = bulkhead.try_acquire().unwrap();
-    let waiter = tokio::spawn({
-        let bulkhead = bulkhead.clone();
-        async move { bulkhead.acquire().await.map(drop) }
-    });
+    let waiter = spawn_acquire(&bulkhead, Ticket::new());
     tokio::task::yield_now().await;
     assert!(bulkhead.acquire().await.is_err()); // max_waiting: shed at once
     assert!(waiter.await.unwrap().is_err()); // the budget runs out

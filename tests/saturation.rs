@@ -1,8 +1,12 @@
 //! The saturation signal: stop parking callers when waiting is futile,
 //! probe, and resume when a wait succeeds; never refuse a free slot.
 
+mod support;
+
+use support::spawn_acquire;
+
 use std::time::Duration;
-use tower_inflight::{Bulkhead, Config, ShedReason};
+use tower_inflight::{Bulkhead, Config, ShedReason, Ticket};
 
 const WAIT: Duration = Duration::from_millis(50);
 
@@ -31,10 +35,7 @@ async fn futile_waits_raise_the_signal_and_callers_are_then_shed_at_once() {
     assert!(bulkhead.status().saturation_signal);
 
     // The first caller parks as the probe; the next is shed without waiting.
-    let probe = tokio::spawn({
-        let bulkhead = bulkhead.clone();
-        async move { bulkhead.acquire().await.map(drop) }
-    });
+    let probe = spawn_acquire(&bulkhead, Ticket::new());
     tokio::task::yield_now().await;
     assert_eq!(bulkhead.waiting(), 1);
     let started = tokio::time::Instant::now();
@@ -57,10 +58,7 @@ async fn a_probe_that_gets_a_slot_lowers_the_signal() {
     let bulkhead = bulkhead();
     let held = bulkhead.try_acquire().unwrap();
     expire_waits(&bulkhead, 3).await;
-    let probe = tokio::spawn({
-        let bulkhead = bulkhead.clone();
-        async move { bulkhead.acquire().await.map(drop) }
-    });
+    let probe = spawn_acquire(&bulkhead, Ticket::new());
     tokio::task::yield_now().await;
     drop(held);
     assert!(probe.await.unwrap().is_ok());
@@ -68,10 +66,7 @@ async fn a_probe_that_gets_a_slot_lowers_the_signal() {
 
     // Parking works again.
     let held = bulkhead.try_acquire().unwrap();
-    let waiter = tokio::spawn({
-        let bulkhead = bulkhead.clone();
-        async move { bulkhead.acquire().await.map(drop) }
-    });
+    let waiter = spawn_acquire(&bulkhead, Ticket::new());
     tokio::task::yield_now().await;
     assert_eq!(bulkhead.waiting(), 1);
     drop(held);
@@ -94,10 +89,7 @@ async fn waits_that_mostly_succeed_do_not_raise_the_signal() {
     let bulkhead = bulkhead();
     for _ in 0..5 {
         let held = bulkhead.try_acquire().unwrap();
-        let waiter = tokio::spawn({
-            let bulkhead = bulkhead.clone();
-            async move { bulkhead.acquire().await.map(drop) }
-        });
+        let waiter = spawn_acquire(&bulkhead, Ticket::new());
         tokio::task::yield_now().await;
         drop(held);
         assert!(waiter.await.unwrap().is_ok());
@@ -160,10 +152,7 @@ async fn the_signal_going_up_and_down_is_an_event_each_time() {
         [true],
         "raised once, not once a wait"
     );
-    let probe = tokio::spawn({
-        let bulkhead = bulkhead.clone();
-        async move { bulkhead.acquire().await.map(drop) }
-    });
+    let probe = spawn_acquire(&bulkhead, Ticket::new());
     tokio::task::yield_now().await;
     drop(held);
     assert!(probe.await.unwrap().is_ok());

@@ -28,17 +28,11 @@ fn hold(bulkhead: &Bulkhead, slots: usize) -> Vec<tower_inflight::Permit> {
 }
 
 /// Spawns a caller that waits for `weight` slots and lets them go at once.
-fn spawn_acquire(
+fn spawn_weighted(
     bulkhead: &Bulkhead,
     weight: usize,
 ) -> tokio::task::JoinHandle<Result<(), tower_inflight::ServiceSaturated>> {
-    let bulkhead = bulkhead.clone();
-    tokio::spawn(async move {
-        bulkhead
-            .acquire_with(Ticket::new().weight(weight))
-            .await
-            .map(drop)
-    })
+    support::spawn_acquire(bulkhead, Ticket::new().weight(weight))
 }
 
 /// Spawns callers named and weighted as given, one after the other, each
@@ -189,9 +183,9 @@ async fn lightest_first_lets_light_work_drain_while_slots_gather_for_heavy_work(
 async fn a_heavy_caller_that_gives_up_at_the_head_lets_the_line_move() {
     let bulkhead = Bulkhead::new(Config::new(2, RECLAIM).wait(Duration::from_millis(50)));
     let first = bulkhead.try_acquire().unwrap();
-    let heavy = spawn_acquire(&bulkhead, 2);
+    let heavy = spawn_weighted(&bulkhead, 2);
     tokio::task::yield_now().await;
-    let light = spawn_acquire(&bulkhead, 1);
+    let light = spawn_weighted(&bulkhead, 1);
     tokio::task::yield_now().await;
     let aborted_at = tokio::time::Instant::now();
     heavy.abort();
@@ -306,9 +300,9 @@ async fn a_heavy_head_whose_budget_runs_out_hands_the_free_slots_to_the_caller_b
     let bulkhead = Bulkhead::new(Config::new(2, RECLAIM).wait(Duration::from_millis(50)));
     let first = bulkhead.try_acquire().unwrap();
     let started = tokio::time::Instant::now();
-    let heavy = spawn_acquire(&bulkhead, 2);
+    let heavy = spawn_weighted(&bulkhead, 2);
     tokio::time::sleep(Duration::from_millis(30)).await;
-    let light = spawn_acquire(&bulkhead, 1);
+    let light = spawn_weighted(&bulkhead, 1);
     let shed = heavy.await.unwrap().unwrap_err();
     assert_eq!(shed.reason(), ShedReason::WaitExpired);
     // The light caller, which arrived 30 ms in, gets the free slot when the
@@ -340,7 +334,7 @@ async fn a_weighted_caller_parked_beside_free_slots_records_the_slots_actually_h
     let bulkhead = waiting(4, QueueOrder::Fifo);
     let held = hold(&bulkhead, 2);
 
-    let heavy = spawn_acquire(&bulkhead, 3);
+    let heavy = spawn_weighted(&bulkhead, 3);
     while bulkhead.waiting() == 0 {
         tokio::task::yield_now().await;
     }
@@ -354,7 +348,7 @@ async fn a_weighted_caller_parked_beside_free_slots_records_the_slots_actually_h
 async fn a_caller_refused_beside_slots_set_aside_for_a_weighted_head_records_the_slots_held() {
     let bulkhead = Bulkhead::new(Config::new(4, RECLAIM).wait(Duration::from_secs(10)));
     let held = hold(&bulkhead, 2);
-    let heavy = spawn_acquire(&bulkhead, 3);
+    let heavy = spawn_weighted(&bulkhead, 3);
     while bulkhead.waiting() == 0 {
         tokio::task::yield_now().await;
     }

@@ -89,3 +89,13 @@ impl Gate {
         self.0.add_permits(n);
     }
 }
+
+/// Spawns a caller that waits for the slots `ticket` asks for (up to the
+/// bulkhead's `wait` budget) and lets them go at once.
+pub(crate) fn spawn_acquire(
+    bulkhead: &tower_inflight::Bulkhead,
+    ticket: tower_inflight::Ticket,
+) -> tokio::task::JoinHandle<Result<(), tower_inflight::ServiceSaturated>> {
+    let bulkhead = bulkhead.clone();
+    tokio::spawn(async move { bulkhead.acquire_with(ticket).await.map(drop) })
+}
