@@ -140,10 +140,8 @@ impl Future for Acquire {
                         }
                         Arrival::Parked(node) => {
                             let observer = shared.observer();
-                            observer.parked(
-                                shared.in_flight_when_refused(|| shared.now()),
-                                shared.waiters().parked(),
-                            );
+                            shared.see_in_flight_when_refused(|| shared.now());
+                            observer.parked(shared.waiters().parked());
                             #[cfg(feature = "metrics")]
                             observer.waiting_by_priority(
                                 this.ticket.get_priority(),

@@ -10,7 +10,7 @@ use crate::permit::{BorrowedPermit, Permit};
 use crate::saturation::SaturationSignal;
 use crate::slots::{Claim, SlotTable};
 use crate::status::{Rollups, Status, Totals};
-use crate::sync::{Arc, AtomicBool, Ordering};
+use crate::sync::{Arc, Ordering};
 use crate::ticket::Ticket;
 use crate::waiters::Waiters;
 use std::fmt;
@@ -61,11 +61,6 @@ pub(crate) struct Shared {
     saturation: Option<SaturationSignal>,
     codel: Option<Codel>,
     config: Config,
-    /// Whether a call has ever asked for more than one slot. Until one has,
-    /// a caller is refused a slot only when every slot is held (or handed
-    /// on to a parked caller), so a refusal can record the limit as the
-    /// in-flight peak without counting.
-    weighted: AtomicBool,
 }
 
 impl Bulkhead {
@@ -103,7 +98,6 @@ impl Bulkhead {
             clock,
             waiters: Waiters::new(config.queue_order.clone()),
             observer,
-            weighted: AtomicBool::new(false),
             saturation: config.saturation_signal.map(SaturationSignal::new),
             codel: config.codel.map(Codel::new),
             config,
@@ -547,7 +541,6 @@ impl Shared {
         if weight == 0 || weight > self.slots.len() {
             return Err(ShedReason::InvalidWeight);
         }
-        self.note_weight(weight);
         self.claim_behind_parked(now, weight)
     }
 
@@ -713,11 +706,8 @@ impl Shared {
         if self.observer.rollups.minute_turned(now - 1) {
             self.turn_minute(now, 0);
         }
-        // Once the minute's peak is the limit, nothing can raise it: skip
-        // counting the slots held.
-        let rollups = &self.observer.rollups;
-        if reason.is_for_want_of_a_slot() && rollups.peak_below(self.slots.len()) {
-            rollups.see_in_flight(self.in_flight_when_refused(|| now));
+        if reason.is_for_want_of_a_slot() {
+            self.see_in_flight_when_refused(|| now);
         }
         ServiceSaturated::new(
             self.observer.rejected(reason),
@@ -731,22 +721,17 @@ impl Shared {
         &self.config
     }
 
-    /// Remembers that a call asked for `weight` slots, if more than one.
-    pub(crate) fn note_weight(&self, weight: usize) {
-        if weight > 1 && !self.weighted.load(Ordering::Relaxed) {
-            self.weighted.store(true, Ordering::Relaxed);
-        }
-    }
-
-    /// How many slots are held when a caller is refused one or parks. With
-    /// weights, that can be fewer than all: slots too few for a weight, or
-    /// set aside for a weighted caller at the head of the line, stand free.
-    /// `now` is read only if the slots have to be counted.
-    pub(crate) fn in_flight_when_refused(&self, now: impl FnOnce() -> u64) -> usize {
-        if self.weighted.load(Ordering::Relaxed) {
-            self.slots.held(now())
-        } else {
-            self.slots.len()
+    /// A caller was refused a slot, or parked: the slots held then are a
+    /// candidate for the minute's in-flight peak. Not always every slot:
+    /// with weights, slots too few for a weight, or set aside for a
+    /// weighted caller at the head of the line, stand free. They are
+    /// counted (and `now` read) only while the peak is below the limit:
+    /// once it is the limit, nothing can raise it, so sheds under overload
+    /// do not scan the table twice.
+    pub(crate) fn see_in_flight_when_refused(&self, now: impl FnOnce() -> u64) {
+        let rollups = &self.observer.rollups;
+        if rollups.peak_below(self.slots.len()) {
+            rollups.see_in_flight(self.slots.held(now()));
         }
     }
 

@@ -167,10 +167,8 @@ impl Observer {
         self.metrics.waiting_by_priority(priority, waiting_now);
     }
 
-    /// Someone was parked while `in_flight` slots were held: the number
-    /// waiting changed.
-    pub(crate) fn parked(&self, in_flight: usize, waiting_now: usize) {
-        self.rollups.see_in_flight(in_flight);
+    /// Someone was parked: the number waiting changed.
+    pub(crate) fn parked(&self, waiting_now: usize) {
         #[cfg(feature = "metrics")]
         self.metrics.waiting.set(waiting_now as f64);
         let _ = waiting_now;
