@@ -80,8 +80,16 @@ impl Bulkhead {
         config.validate()?;
         let clock = match &config.clock {
             Some(manual) => Clock::Manual(manual.clone()),
-            None => Clock::coarse(),
+            None => Clock::system(),
         };
+        let hold = clock.hold(config.reclaim_after).ok_or_else(|| {
+            // `validate` refuses these already; never build a table whose
+            // holds are cut short.
+            ConfigError::new(
+                "reclaim_after",
+                "is over the longest hold a slot can date".into(),
+            )
+        })?;
         let rollups = Rollups::new(clock.ticks_per_minute(), clock.now() - 1);
         let observer = Observer::new(
             config.name.as_deref(),
@@ -90,11 +98,7 @@ impl Bulkhead {
             rollups,
         );
         let shared = Shared {
-            slots: SlotTable::new(
-                config.limit,
-                clock.hold(config.reclaim_after),
-                config.max_bytes,
-            ),
+            slots: SlotTable::new(config.limit, hold, config.max_bytes),
             clock,
             waiters: Waiters::new(config.queue_order.clone()),
             observer,
@@ -451,13 +455,14 @@ impl Bulkhead {
     /// [`close`](Self::close) first for that. Needs a Tokio runtime with its
     /// time driver; it checks every millisecond.
     pub async fn drain(&self, timeout: Duration) -> Result<(), DrainTimedOut> {
-        let deadline = tokio::time::Instant::now() + timeout;
+        // A timeout past what an instant can hold (`Duration::MAX`) is none.
+        let deadline = tokio::time::Instant::now().checked_add(timeout);
         loop {
             let (in_flight, waiting) = (self.in_flight(), self.waiting());
             if in_flight == 0 && waiting == 0 {
                 return Ok(());
             }
-            if tokio::time::Instant::now() >= deadline {
+            if deadline.is_some_and(|deadline| tokio::time::Instant::now() >= deadline) {
                 return Err(DrainTimedOut { in_flight, waiting });
             }
             tokio::time::sleep(Duration::from_millis(1)).await;

@@ -2,71 +2,148 @@
 //!
 //! Deadlines are kept in *ticks* counted from the bulkhead's creation, small
 //! enough to fit the 42 bits the slot word leaves for them: 1/1024 s on the
-//! system's coarse clock (a shift, not a division, turns its 32.32
+//! system clock (a shift, not a division, turns the coarse clock's 32.32
 //! fixed-point reading into ticks), a microsecond on a [`ManualClock`].
+//!
+//! # Which system clock
+//!
+//! The clock must be monotonic, and its resolution known, for a slot never
+//! to be reclaimed before `reclaim_after`. Where the operating system has a
+//! coarse monotonic clock with a resolution of at most one scheduler tick
+//! (Linux and Android: `CLOCK_MONOTONIC_COARSE`; FreeBSD and DragonFly:
+//! `CLOCK_MONOTONIC_FAST`), the bulkhead reads that: a few nanoseconds a
+//! read, at most 10 ms behind (one tick at the slowest common rate, 100 Hz),
+//! which every hold adds as a margin. Elsewhere (macOS, Windows, the other
+//! BSDs and illumos, where the coarse readings are approximate, 15.6 ms
+//! coarse, or wall time) it reads [`std::time::Instant`], monotonic on every
+//! platform Rust supports, with no margin needed.
 
 use crate::sync::{Arc, AtomicU64, Ordering};
 use std::time::Duration;
 
-/// Coarse ticks per second.
-const COARSE_TICKS_PER_SEC: u64 = 1024;
+/// System ticks per second.
+const SYSTEM_TICKS_PER_SEC: u64 = 1024;
 
-/// How far behind the true time a coarse reading may lag: one jiffy, which
-/// is 10 ms on a kernel built with the slowest common tick rate (100 Hz).
+/// Manual ticks per second: microseconds.
+const MANUAL_TICKS_PER_SEC: u64 = 1_000_000;
+
+/// How far behind the true time a coarse reading may lag: one scheduler
+/// tick, which is 10 ms on a kernel built with the slowest common rate
+/// (100 Hz).
 const COARSE_RESOLUTION: Duration = Duration::from_millis(10);
 
+/// The largest tick a slot word can date (42 bits: about 136 years of
+/// system ticks, 51 days of manual ones). The clock stops short of it, and
+/// a deadline is cut to it, so a clock that ran that long holds its slots
+/// until they are released rather than freeing them all.
+const MAX_TICK: u64 = crate::slots::MAX_DEADLINE;
+
+/// The longest hold a bulkhead accepts, in ticks: a quarter of what a word
+/// can date, so that the clock can run three times as long as the hold
+/// (about 100 years on the system clock, 38 days on a manual one) before a
+/// deadline reaches [`MAX_TICK`].
+const MAX_HOLD: u64 = MAX_TICK / 4;
+
 /// A clock the bulkhead reads its deadlines from.
-///
-/// The default reads the operating system's coarse monotonic clock
-/// (`CLOCK_MONOTONIC_COARSE` on Linux: a few nanoseconds a read, a resolution
-/// of one to ten milliseconds), which is all `reclaim_after` needs.
 #[derive(Clone, Debug)]
 pub(crate) enum Clock {
-    Coarse { epoch: coarsetime::Instant },
+    /// The operating system's coarse monotonic clock.
+    Coarse {
+        epoch: coarsetime::Instant,
+    },
+    /// `std::time::Instant`, where no coarse clock is known to be monotonic.
+    Precise {
+        epoch: std::time::Instant,
+    },
     Manual(ManualClock),
 }
 
 impl Clock {
-    pub(crate) fn coarse() -> Self {
-        Clock::Coarse {
-            epoch: coarsetime::Instant::now_without_cache_update(),
+    /// The system clock of this platform (see the module docs).
+    pub(crate) fn system() -> Self {
+        if cfg!(any(
+            target_os = "linux",
+            target_os = "android",
+            target_os = "freebsd",
+            target_os = "dragonfly"
+        )) {
+            Clock::Coarse {
+                epoch: coarsetime::Instant::now_without_cache_update(),
+            }
+        } else {
+            Clock::precise()
+        }
+    }
+
+    pub(crate) fn precise() -> Self {
+        Clock::Precise {
+            epoch: std::time::Instant::now(),
         }
     }
 
     /// Ticks since this clock's epoch. Never zero: a slot word with a zero
     /// deadline is one that was released, and must read as already expired.
+    /// Never past `MAX_TICK - 1`, so that a deadline cut to `MAX_TICK` is
+    /// never reached.
     #[inline]
     pub(crate) fn now(&self) -> u64 {
-        match self {
+        let ticks = match self {
             Clock::Coarse { epoch } => {
                 // `now_without_cache_update`: `now()` also stores into a
                 // process-wide static, a write every core would fight over.
                 let now = coarsetime::Instant::now_without_cache_update();
-                (now.as_ticks().saturating_sub(epoch.as_ticks()) >> 22) + 1
+                now.as_ticks().saturating_sub(epoch.as_ticks()) >> 22
             }
-            Clock::Manual(manual) => manual.micros() + 1,
-        }
+            Clock::Precise { epoch } => {
+                let elapsed = epoch.elapsed();
+                (elapsed.as_secs() << 10)
+                    | (u64::from(elapsed.subsec_nanos()) * SYSTEM_TICKS_PER_SEC / 1_000_000_000)
+            }
+            Clock::Manual(manual) => manual.micros(),
+        };
+        ticks.min(MAX_TICK - 2) + 1
     }
 
     /// How many ticks a slot is held for `reclaim_after`, such that it is
     /// never reclaimed before `reclaim_after` has passed: rounded up, plus a
     /// tick for the reading at the claim having been rounded down, plus, on
-    /// the coarse clock, its resolution.
-    pub(crate) fn hold(&self, reclaim_after: Duration) -> u64 {
-        match self {
-            Clock::Coarse { .. } => {
-                ceil_ticks(reclaim_after + COARSE_RESOLUTION, COARSE_TICKS_PER_SEC) + 1
+    /// the coarse clock, its resolution. `None` past what a slot word can
+    /// date (see [`max_reclaim_after`]).
+    pub(crate) fn hold(&self, reclaim_after: Duration) -> Option<u64> {
+        let ticks = match self {
+            Clock::Coarse { .. } => ceil_ticks(
+                reclaim_after.saturating_add(COARSE_RESOLUTION),
+                SYSTEM_TICKS_PER_SEC,
+            )
+            .saturating_add(1),
+            Clock::Precise { .. } => {
+                ceil_ticks(reclaim_after, SYSTEM_TICKS_PER_SEC).saturating_add(1)
             }
-            Clock::Manual(_) => ceil_ticks(reclaim_after, 1_000_000),
-        }
+            Clock::Manual(_) => ceil_ticks(reclaim_after, MANUAL_TICKS_PER_SEC),
+        };
+        (ticks <= MAX_HOLD).then_some(ticks)
+    }
+}
+
+/// The longest `reclaim_after` a bulkhead accepts: about 34 years on the
+/// system clock, 12 days on a [`ManualClock`] (`manual`). Longer ones are
+/// refused rather than cut, since a hold the table cannot date would
+/// reclaim slots early.
+pub(crate) fn max_reclaim_after(manual: bool) -> Duration {
+    if manual {
+        Duration::from_micros(MAX_HOLD)
+    } else {
+        // Less one tick and the coarse clock's margin, so that every value
+        // up to this one gets a hold of at most `MAX_HOLD`.
+        Duration::from_secs((MAX_HOLD - 1) / SYSTEM_TICKS_PER_SEC) - COARSE_RESOLUTION
     }
 }
 
 impl Clock {
     fn ticks_per_sec(&self) -> u64 {
         match self {
-            Clock::Coarse { .. } => COARSE_TICKS_PER_SEC,
-            Clock::Manual(_) => 1_000_000,
+            Clock::Coarse { .. } | Clock::Precise { .. } => SYSTEM_TICKS_PER_SEC,
+            Clock::Manual(_) => MANUAL_TICKS_PER_SEC,
         }
     }
 
@@ -150,17 +227,25 @@ mod tests {
 
     #[test]
     fn coarse_hold_covers_rounding_and_resolution() {
-        let clock = Clock::coarse();
+        let clock = Clock::system();
         // 1 s is 1024 ticks; 10 ms of resolution is 10.24, so 11; one more
         // for the rounded-down reading at the claim.
-        assert_eq!(clock.hold(Duration::from_secs(1)), 1024 + 11 + 1);
+        assert_eq!(clock.hold(Duration::from_secs(1)), Some(1024 + 11 + 1));
+    }
+
+    #[test]
+    fn precise_hold_covers_rounding() {
+        assert_eq!(
+            Clock::precise().hold(Duration::from_secs(1)),
+            Some(1024 + 1)
+        );
     }
 
     #[test]
     fn manual_clock_reaches_a_deadline_exactly_when_advanced_to_it() {
         let manual = ManualClock::new();
         let clock = Clock::Manual(manual.clone());
-        let deadline = clock.now() + clock.hold(Duration::from_millis(30));
+        let deadline = clock.now() + clock.hold(Duration::from_millis(30)).unwrap();
         manual.advance(Duration::from_millis(30) - Duration::from_nanos(1));
         assert!(clock.now() < deadline);
         manual.advance(Duration::from_nanos(1));
@@ -168,10 +253,36 @@ mod tests {
     }
 
     #[test]
-    fn coarse_clock_is_never_zero_and_never_goes_back() {
-        let clock = Clock::coarse();
-        let a = clock.now();
-        let b = clock.now();
-        assert!(a >= 1 && b >= a);
+    fn system_clocks_are_never_zero_and_never_go_back() {
+        for clock in [Clock::system(), Clock::precise()] {
+            let a = clock.now();
+            let b = clock.now();
+            assert!(a >= 1 && b >= a);
+        }
+    }
+
+    #[test]
+    fn the_longest_accepted_reclaim_after_gets_a_hold_and_a_longer_one_none() {
+        for (clock, manual) in [
+            (Clock::system(), false),
+            (Clock::precise(), false),
+            (Clock::Manual(ManualClock::new()), true),
+        ] {
+            let max = max_reclaim_after(manual);
+            assert!(
+                clock.hold(max).is_some_and(|hold| hold <= MAX_HOLD),
+                "{clock:?}"
+            );
+            assert_eq!(clock.hold(max * 2), None, "{clock:?}");
+            assert_eq!(clock.hold(Duration::MAX), None, "{clock:?}");
+        }
+    }
+
+    #[test]
+    fn a_manual_clock_advanced_past_what_a_word_can_date_stops_short_of_it() {
+        let manual = ManualClock::new();
+        let clock = Clock::Manual(manual.clone());
+        manual.advance(Duration::MAX);
+        assert_eq!(clock.now(), MAX_TICK - 1);
     }
 }

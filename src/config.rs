@@ -1,7 +1,7 @@
 //! A bulkhead's configuration and its validation.
 
 use crate::bytes::MAX_BYTES;
-use crate::clock::ManualClock;
+use crate::clock::{max_reclaim_after, ManualClock};
 use crate::codel::CodelSettings;
 use crate::event::{Event, Hook};
 use crate::line::QueueOrder;
@@ -52,6 +52,10 @@ impl Config {
     ///
     /// Set `reclaim_after` longer than your client's timeout: reclaiming a
     /// slot from a call that is merely slow briefly admits more than `limit`.
+    /// It may be up to about 34 years (12 days with a
+    /// [`ManualClock`](crate::ManualClock)); a longer one, `Duration::MAX`
+    /// included, is refused by [`validate`](Self::validate) rather than cut,
+    /// since a hold the slot table cannot date would free slots early.
     pub fn new(limit: usize, reclaim_after: Duration) -> Self {
         Self {
             limit,
@@ -209,6 +213,18 @@ impl Config {
                 "must be longer than zero: set it above your client's timeout".into(),
             ));
         }
+        let max_reclaim_after = max_reclaim_after(self.clock.is_some());
+        if self.reclaim_after > max_reclaim_after {
+            return Err(ConfigError::new(
+                "reclaim_after",
+                format!(
+                    "{:?} is over the maximum of {max_reclaim_after:?} ({} days), the longest hold a slot can date{}",
+                    self.reclaim_after,
+                    max_reclaim_after.as_secs() / 86_400,
+                    if self.clock.is_some() { " on a ManualClock" } else { "" },
+                ),
+            ));
+        }
         if let Some(wait) = self.wait {
             if wait >= self.reclaim_after {
                 return Err(ConfigError::new(
@@ -287,7 +303,7 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    fn new(field: &'static str, problem: String) -> Self {
+    pub(crate) fn new(field: &'static str, problem: String) -> Self {
         Self { field, problem }
     }
 

@@ -33,7 +33,7 @@ use std::num::NonZeroU64;
 const GENERATION_BITS: u32 = 22;
 const GENERATION_MASK: u64 = (1 << GENERATION_BITS) - 1;
 /// The largest deadline a word can hold: about 136 years of ticks.
-const MAX_DEADLINE: u64 = u64::MAX >> GENERATION_BITS;
+pub(crate) const MAX_DEADLINE: u64 = u64::MAX >> GENERATION_BITS;
 
 /// The largest `limit` a bulkhead accepts. A saturated acquire reads every
 /// slot, so the table must stay small enough to scan in microseconds.

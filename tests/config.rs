@@ -2,9 +2,11 @@
 //! returns a `ConfigError` naming the field, `new` panics naming it.
 
 use std::time::Duration;
-use tower_inflight::{Bulkhead, ConcurrencyLayer, Config, ConfigError, ShedReason};
+use tower_inflight::{Bulkhead, ConcurrencyLayer, Config, ConfigError, ManualClock, ShedReason};
 
 const SECOND: Duration = Duration::from_secs(1);
+const DAY: Duration = Duration::from_secs(86_400);
+const YEAR: Duration = Duration::from_secs(365 * 86_400);
 const MAX_LIMIT: usize = 1 << 16;
 
 /// Checks that both fallible constructors refuse `config` for `field`, and
@@ -54,6 +56,52 @@ fn limit_at_the_maximum_is_accepted() {
 #[test]
 fn zero_reclaim_after_is_refused_naming_reclaim_after() {
     assert_refused(Config::new(1, Duration::ZERO), "reclaim_after");
+}
+
+#[test]
+fn reclaim_after_past_what_a_slot_can_date_is_refused_naming_reclaim_after_and_the_maximum() {
+    for reclaim_after in [Duration::from_secs(u64::MAX), Duration::MAX, 200 * YEAR] {
+        assert_refused(Config::new(1, reclaim_after), "reclaim_after");
+        let error = Config::new(1, reclaim_after).validate().unwrap_err();
+        assert!(error.to_string().contains("maximum of"), "{error}");
+    }
+    // A manual clock counts microseconds: it can date about 51 days.
+    assert_refused(
+        Config::new(1, 20 * DAY).clock(ManualClock::new()),
+        "reclaim_after",
+    );
+}
+
+#[test]
+fn the_longest_reclaim_after_accepted_still_holds_the_limit() {
+    for config in [
+        Config::new(1, 30 * YEAR),
+        Config::new(1, 10 * DAY).clock(ManualClock::new()),
+    ] {
+        let bulkhead = Bulkhead::try_new(config).expect("accepted");
+        let held = bulkhead.try_acquire().unwrap();
+        assert_eq!(bulkhead.in_flight(), 1);
+        assert!(bulkhead.try_acquire().is_err(), "the limit holds");
+        drop(held);
+        assert!(bulkhead.try_acquire().is_ok());
+    }
+}
+
+#[test]
+fn a_manual_clock_run_past_what_a_slot_can_date_keeps_the_limit() {
+    let clock = ManualClock::new();
+    let bulkhead = Bulkhead::new(Config::new(1, 10 * DAY).clock(clock.clone()));
+    clock.advance(Duration::MAX);
+    let held = bulkhead.try_acquire().unwrap();
+    assert_eq!(bulkhead.in_flight(), 1);
+    assert!(bulkhead.try_acquire().is_err(), "the limit holds");
+    drop(held);
+    std::mem::forget(bulkhead.try_acquire().unwrap());
+    clock.advance(20 * DAY);
+    assert!(
+        bulkhead.try_acquire().is_err(),
+        "held, never reclaimed early"
+    );
 }
 
 #[test]

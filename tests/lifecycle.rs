@@ -103,6 +103,19 @@ async fn drain_resolves_when_the_last_call_finishes() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn drain_with_the_longest_timeout_does_not_panic_and_waits_for_the_last_call() {
+    let bulkhead = waiting(1);
+    assert_eq!(bulkhead.drain(Duration::MAX).await, Ok(()), "idle");
+    let held = bulkhead.try_acquire().unwrap();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        drop(held);
+    });
+    assert_eq!(bulkhead.drain(Duration::MAX).await, Ok(()), "busy");
+    assert_eq!(bulkhead.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
 async fn drain_fails_at_its_deadline_saying_what_is_left() {
     let bulkhead = waiting(1);
     let _stuck = bulkhead.try_acquire().unwrap();

@@ -30,7 +30,9 @@ pub(crate) fn service_unavailable(
 /// A `Retry-After` value: the hint rounded up to whole seconds, and never 0,
 /// which would invite an immediate retry into the same overload.
 pub(crate) fn retry_after_secs(hint: Duration) -> u64 {
-    let secs = hint.as_secs() + u64::from(hint.subsec_nanos() > 0);
+    let secs = hint
+        .as_secs()
+        .saturating_add(u64::from(hint.subsec_nanos() > 0));
     secs.max(1)
 }
 
@@ -53,4 +55,16 @@ fn text(status: StatusCode, body: String) -> Response<Bytes> {
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     response
+}
+
+#[cfg(all(test, not(tower_inflight_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds_and_never_overflows() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1500)), 2);
+        assert_eq!(retry_after_secs(Duration::MAX), u64::MAX);
+    }
 }
