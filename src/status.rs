@@ -118,22 +118,43 @@ impl Totals {
             + rejected_invalid_weight
     }
 
+    /// What was added since `earlier`. Saturating: `earlier` may have been
+    /// recorded by another thread after these totals were read (a minute
+    /// turning between a status's reads), and is then taken as no change.
     fn since(&self, earlier: &Totals) -> Totals {
         Totals {
-            admitted: self.admitted - earlier.admitted,
-            rejected_limit: self.rejected_limit - earlier.rejected_limit,
-            rejected_wait_expired: self.rejected_wait_expired - earlier.rejected_wait_expired,
-            rejected_too_many_waiting: self.rejected_too_many_waiting
-                - earlier.rejected_too_many_waiting,
-            rejected_bytes: self.rejected_bytes - earlier.rejected_bytes,
-            rejected_closed: self.rejected_closed - earlier.rejected_closed,
-            rejected_cancelled: self.rejected_cancelled - earlier.rejected_cancelled,
-            rejected_saturated: self.rejected_saturated - earlier.rejected_saturated,
-            rejected_invalid_weight: self.rejected_invalid_weight - earlier.rejected_invalid_weight,
-            reclaimed: self.reclaimed - earlier.reclaimed,
-            waits: self.waits - earlier.waits,
+            admitted: self.admitted.saturating_sub(earlier.admitted),
+            rejected_limit: self.rejected_limit.saturating_sub(earlier.rejected_limit),
+            rejected_wait_expired: self
+                .rejected_wait_expired
+                .saturating_sub(earlier.rejected_wait_expired),
+            rejected_too_many_waiting: self
+                .rejected_too_many_waiting
+                .saturating_sub(earlier.rejected_too_many_waiting),
+            rejected_bytes: self.rejected_bytes.saturating_sub(earlier.rejected_bytes),
+            rejected_closed: self.rejected_closed.saturating_sub(earlier.rejected_closed),
+            rejected_cancelled: self
+                .rejected_cancelled
+                .saturating_sub(earlier.rejected_cancelled),
+            rejected_saturated: self
+                .rejected_saturated
+                .saturating_sub(earlier.rejected_saturated),
+            rejected_invalid_weight: self
+                .rejected_invalid_weight
+                .saturating_sub(earlier.rejected_invalid_weight),
+            reclaimed: self.reclaimed.saturating_sub(earlier.reclaimed),
+            waits: self.waits.saturating_sub(earlier.waits),
             wait_time: self.wait_time.saturating_sub(earlier.wait_time),
         }
+    }
+
+    /// The mean wait, if anyone waited: in nanoseconds over the whole count,
+    /// which a `Duration`'s division by a `u32` would cut.
+    fn mean_wait(&self) -> Option<Duration> {
+        (self.waits > 0).then(|| {
+            let nanos = self.wait_time.as_nanos() / u128::from(self.waits);
+            Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+        })
     }
 }
 
@@ -299,9 +320,47 @@ impl Rollups {
                 },
                 rejected: since.rejected(),
                 reclaimed: since.reclaimed,
-                mean_wait: (since.waits > 0).then(|| since.wait_time / since.waits as u32),
+                mean_wait: since.mean_wait(),
                 peak_in_flight: later_peaks.unwrap_or(0).max(current_peak),
             }
         })
+    }
+}
+
+#[cfg(all(test, not(tower_inflight_loom)))]
+mod tests {
+    use super::*;
+
+    const MINUTE: u64 = 60;
+
+    #[test]
+    fn a_minute_recorded_after_the_totals_were_read_counts_as_no_change() {
+        let rollups = Rollups::new(MINUTE, 0);
+        let read_first = Totals::default();
+        let recorded_since = Totals {
+            admitted: 5,
+            rejected_limit: 3,
+            waits: 2,
+            wait_time: Duration::from_secs(1),
+            ..Totals::default()
+        };
+        rollups.turn(MINUTE, recorded_since, 0);
+        let [minute, ..] = rollups.windows(MINUTE, read_first, Duration::from_secs);
+        assert_eq!((minute.admitted, minute.rejected), (0, 0));
+        assert_eq!(minute.mean_wait, None);
+    }
+
+    #[test]
+    fn the_mean_wait_divides_by_the_whole_count() {
+        let waits = u64::from(u32::MAX) + 1;
+        let totals = Totals {
+            waits,
+            wait_time: Duration::from_secs(2 * waits),
+            ..Totals::default()
+        };
+        assert_eq!(totals.mean_wait(), Some(Duration::from_secs(2)));
+        let rollups = Rollups::new(MINUTE, 0);
+        let [minute, ..] = rollups.windows(1, totals, Duration::from_secs);
+        assert_eq!(minute.mean_wait, Some(Duration::from_secs(2)));
     }
 }
