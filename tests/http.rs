@@ -243,6 +243,42 @@ async fn malformed_content_length_is_400() {
 }
 
 #[tokio::test]
+async fn a_body_that_could_never_fit_the_byte_budget_is_413_without_retry_after() {
+    // The per-request cap is over the whole budget: a length between the two
+    // could never be reserved, so a retry could never succeed.
+    let layer = HttpConcurrencyLayer::new(config(4).max_bytes(1000)).max_body(10_000);
+    let bulkhead = layer.bulkhead();
+    let gate = Gate::new();
+    gate.open(1);
+    let service = app(layer, gate);
+    let request = Request::post("/upload")
+        .header("content-length", "5000")
+        .body(Body::from(vec![b'x'; 5000]))
+        .unwrap();
+    let response = service.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(response.headers().get("retry-after").is_none());
+    assert_all_returned(&bulkhead).await;
+
+    // A body of unknown length reserves what can be reserved: the budget.
+    let chunks =
+        futures_util::stream::iter([Ok::<_, Infallible>(Frame::data(Bytes::from(vec![
+            b'x';
+            800
+        ])))]);
+    let request = Request::post("/upload")
+        .body(Body::new(StreamBody::new(chunks)))
+        .unwrap();
+    let response = service.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.into_body().collect().await.unwrap().to_bytes(),
+        "800"
+    );
+    assert_all_returned(&bulkhead).await;
+}
+
+#[tokio::test]
 async fn body_longer_than_declared_is_cut_off_with_413() {
     let layer = HttpConcurrencyLayer::new(config(1).max_bytes(1 << 20));
     let bulkhead = layer.bulkhead();

@@ -90,7 +90,9 @@ impl HttpConcurrencyLayer {
     /// Caps each request body at `max_body` bytes: a larger `Content-Length`
     /// is answered `413 Payload Too Large` without taking a slot, and with a
     /// byte budget, a request of unknown length reserves `max_body`. Without
-    /// it, the cap is the byte budget ([`Config::max_bytes`]), if any.
+    /// it, the cap is the byte budget ([`Config::max_bytes`]), if any; with
+    /// both, the smaller: a body over the whole budget could never be
+    /// reserved, so it gets `413`, not a `503` that invites retries.
     pub fn max_body(mut self, max_body: u64) -> Self {
         Arc::make_mut(&mut self.settings).max_body = Some(max_body);
         self

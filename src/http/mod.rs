@@ -12,7 +12,7 @@
 //! | every slot held (after the `wait` budget, if any) | `503 Service Unavailable`, `Retry-After` |
 //! | a slot free, but not its bytes | `503 Service Unavailable`, `Retry-After`; the slot is given back |
 //! | a [classifier](HttpConcurrencyLayer::classify) gave it a weight of 0 or over the limit | `500 Internal Server Error`: no retry can help |
-//! | `Content-Length` over the per-request cap | `413 Payload Too Large`, no slot taken |
+//! | `Content-Length` over the per-request cap, or over the whole byte budget (it could never be reserved) | `413 Payload Too Large`, no slot taken |
 //! | `Content-Length` malformed, or several that disagree | `400 Bad Request`, no slot taken |
 //! | a body longer than it declared | the body ends with an error that axum's extractors answer with `413` |
 //!

@@ -84,7 +84,12 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let max_body = self.settings.max_body.or(self.bulkhead.max_bytes());
+        // A body over the byte budget could never be reserved: it is over
+        // the cap (413), not shed for want of room (503 and a retry).
+        let max_body = match (self.settings.max_body, self.bulkhead.max_bytes()) {
+            (Some(max_body), Some(max_bytes)) => Some(max_body.min(max_bytes)),
+            (max_body, max_bytes) => max_body.or(max_bytes),
+        };
         // Judge the declared length before taking anything: a request that
         // cannot be served must not hold a slot, and a slot handed over while
         // waiting goes on to the next in line.
