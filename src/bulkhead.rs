@@ -676,11 +676,12 @@ impl Shared {
         let mut reserved = self.slots.reserve_bytes(permit.claim(), bytes);
         if reserved.is_none() {
             // Bytes of holders that vanished may be what fills the budget.
-            let freed = self.slots.reclaim_expired_bytes(self.clock.now());
-            if freed > 0 {
-                self.observer.reclaimed(freed);
+            if self.slots.recover_expired_bytes(self.clock.now()) {
                 self.observer.bytes(|| self.slots.bytes_reserved());
                 reserved = self.slots.reserve_bytes(permit.claim(), bytes);
+                // Their slots, expired, are free: hand them to whoever is
+                // parked rather than leave them until the next release.
+                self.waiters.after_release(&self.slots, &self.clock);
             }
         }
         match reserved {

@@ -141,23 +141,27 @@ impl PartialEq for QueueOrder {
 
 impl Eq for QueueOrder {}
 
-/// Where an entry is in a [`Line`], from `peek_next`.
-#[derive(Clone, Copy, Debug)]
+/// Where an entry is in a [`Line`]: given when it is pushed, and by
+/// `peek_next`, to take or remove it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Place {
     Keyed((i64, u64)),
-    Compared(usize),
+    Compared(u64),
 }
 
 /// The parked callers. The built-in orders are keyed so that the map's
 /// first entry is the next to be served (for `AdaptiveLifo`, the first or
-/// the last, by length); a custom order is searched.
+/// the last, by length); a custom order is searched. Every entry is a
+/// caller still waiting: one that leaves is removed where it stands, so
+/// the line's memory is bounded by the callers waiting, whatever the order.
 pub(crate) struct Line<T> {
     order: QueueOrder,
     next_seq: u64,
     keyed: BTreeMap<(i64, u64), (WaitingCall, T)>,
-    compared: Vec<(WaitingCall, T)>,
+    /// By arrival, for a custom order.
+    compared: BTreeMap<u64, (WaitingCall, T)>,
     /// How many callers of each priority are still waiting: counted in by
-    /// `push`, out by `left`, whether or not their entry is gone yet.
+    /// `push`, out by `left`.
     depths: BTreeMap<i32, usize>,
 }
 
@@ -167,12 +171,14 @@ impl<T> Line<T> {
             order,
             next_seq: 0,
             keyed: BTreeMap::new(),
-            compared: Vec::new(),
+            compared: BTreeMap::new(),
             depths: BTreeMap::new(),
         }
     }
 
-    pub(crate) fn push(&mut self, priority: i32, weight: usize, entry: T) {
+    /// Puts `entry` in the line; returns where, to [`remove`](Self::remove)
+    /// it if it leaves before it is served.
+    pub(crate) fn push(&mut self, priority: i32, weight: usize, entry: T) -> Place {
         let seq = self.next_seq;
         self.next_seq += 1;
         let call = WaitingCall {
@@ -188,11 +194,12 @@ impl<T> Line<T> {
             QueueOrder::PriorityFifo => (i64::from(priority), seq),
             QueueOrder::PriorityLifo => (i64::from(priority), newest_first),
             QueueOrder::Custom(_) => {
-                self.compared.push((call, entry));
-                return;
+                self.compared.insert(seq, (call, entry));
+                return Place::Compared(seq);
             }
         };
         self.keyed.insert(key, (call, entry));
+        Place::Keyed(key)
     }
 
     /// The next entry to serve, `waiting` being how many are really
@@ -204,18 +211,30 @@ impl<T> Line<T> {
             }
             QueueOrder::Custom(compare) => self
                 .first_compared(compare)
-                .map(|at| (Place::Compared(at), &self.compared[at].1)),
+                .map(|(seq, (_, entry))| (Place::Compared(*seq), entry)),
             _ => self.keyed.first_key_value().map(keyed_place),
         }
     }
 
     /// Takes the entry at `place`, as [`peek_next`](Self::peek_next) gave it.
     pub(crate) fn take(&mut self, place: Place) -> T {
+        self.remove(place)
+            .expect("a place in the line was taken twice")
+    }
+
+    /// Removes the entry at `place`, if it is still there.
+    pub(crate) fn remove(&mut self, place: Place) -> Option<T> {
         match place {
-            Place::Keyed(key) => self.keyed.remove(&key).map(|(_, entry)| entry),
-            Place::Compared(at) => Some(self.compared.swap_remove(at).1),
+            Place::Keyed(key) => self.keyed.remove(&key),
+            Place::Compared(seq) => self.compared.remove(&seq),
         }
-        .expect("a place in the line was taken twice")
+        .map(|(_, entry)| entry)
+    }
+
+    /// How many entries the line holds.
+    #[cfg(all(test, not(tower_inflight_loom)))]
+    pub(crate) fn len(&self) -> usize {
+        self.keyed.len() + self.compared.len()
     }
 
     /// Takes the next entry to serve.
@@ -225,32 +244,10 @@ impl<T> Line<T> {
         Some(self.take(place))
     }
 
-    fn first_compared(&self, compare: &Comparator) -> Option<usize> {
-        (0..self.compared.len()).min_by(|&a, &b| {
-            let (a, b) = (&self.compared[a].0, &self.compared[b].0);
-            (compare.0)(a, b).then(a.arrival.cmp(&b.arrival))
-        })
-    }
-
-    /// Drops entries that `finished` says are done: callers that gave up
-    /// are left in place and skipped, so they gather at the ends of a
-    /// keyed line, where the oldest expire first; a custom line is swept.
-    pub(crate) fn prune(&mut self, finished: impl Fn(&T) -> bool) {
-        while self
-            .keyed
-            .first_key_value()
-            .is_some_and(|(_, (_, entry))| finished(entry))
-        {
-            self.keyed.pop_first();
-        }
-        while self
-            .keyed
-            .last_key_value()
-            .is_some_and(|(_, (_, entry))| finished(entry))
-        {
-            self.keyed.pop_last();
-        }
-        self.compared.retain(|(_, entry)| !finished(entry));
+    fn first_compared(&self, compare: &Comparator) -> Option<(&u64, &(WaitingCall, T))> {
+        self.compared
+            .iter()
+            .min_by(|(_, (a, _)), (_, (b, _))| (compare.0)(a, b).then(a.arrival.cmp(&b.arrival)))
     }
 
     /// A caller of `priority` stopped waiting (served, refused or gone).
@@ -270,7 +267,7 @@ impl<T> Line<T> {
 
     pub(crate) fn drain(&mut self) -> impl Iterator<Item = T> {
         let keyed = std::mem::take(&mut self.keyed).into_values();
-        let compared = std::mem::take(&mut self.compared);
+        let compared = std::mem::take(&mut self.compared).into_values();
         keyed.chain(compared).map(|(_, entry)| entry)
     }
 
@@ -346,13 +343,26 @@ mod tests {
     }
 
     #[test]
-    fn prune_drops_finished_entries_at_both_ends_only() {
-        let mut line = Line::new(QueueOrder::Fifo);
-        for (i, done) in [true, false, true, false, true].into_iter().enumerate() {
-            line.push(0, 1, (i, done));
+    fn an_entry_removed_from_the_middle_is_gone_under_every_order() {
+        for order in [
+            QueueOrder::Fifo,
+            QueueOrder::Lifo,
+            QueueOrder::PriorityFifo,
+            QueueOrder::PriorityLifo,
+            QueueOrder::AdaptiveLifo { after: 1 },
+            QueueOrder::custom(|a, b| a.priority().cmp(&b.priority())),
+        ] {
+            let mut line = Line::new(order.clone());
+            let places: Vec<Place> = ARRIVALS
+                .iter()
+                .map(|&(priority, name)| line.push(priority, 1, name))
+                .collect();
+            assert_eq!(line.remove(places[2]), Some('c'), "{order:?}");
+            assert_eq!(line.remove(places[2]), None, "{order:?}");
+            assert_eq!(line.len(), 3, "{order:?}");
+            let mut served: Vec<char> = line.drain().collect();
+            served.sort_unstable();
+            assert_eq!(served, ['a', 'b', 'd'], "{order:?}");
         }
-        line.prune(|&(_, done)| done);
-        let left: Vec<usize> = line.drain().map(|(i, _)| i).collect();
-        assert_eq!(left, [1, 2, 3]);
     }
 }

@@ -114,6 +114,37 @@ fn loom_late_release_never_frees_the_reclaimer_slot() {
     });
 }
 
+/// A caller short of bytes sweeps up an expired holder's bytes while
+/// another caller claims that holder's slot and reserves bytes of its own:
+/// the leaked bytes come back exactly once, and the new holder's record is
+/// never taken in their place.
+#[test]
+fn loom_a_byte_sweep_never_takes_the_next_holder_s_record() {
+    loom::model(|| {
+        let table = Arc::new(SlotTable::new(1, HOLD, Some(1000)));
+        let leaked = table.try_claim(1, Ordering::Relaxed).unwrap();
+        table.reserve_bytes(&leaked, 600).unwrap();
+        let expired = 1 + HOLD;
+        let sweeper = {
+            let table = table.clone();
+            thread::spawn(move || table.recover_expired_bytes(expired))
+        };
+        let claim = table.try_claim(expired, Ordering::Relaxed).unwrap();
+        assert!(claim.reclaimed());
+        let reserved = table.reserve_bytes(&claim, 600).is_some();
+        sweeper.join().unwrap();
+        // Whoever gave the leaked bytes back, they came back once, and the
+        // new holder's bytes (if the budget had room for them) are its own.
+        assert!(!table.recover_expired_bytes(expired));
+        let expected = if reserved { 600 } else { 0 };
+        assert_eq!(table.bytes_reserved(), expected);
+        if reserved {
+            assert!(table.unrecord_bytes(&claim, 600), "its record was taken");
+        }
+        assert_eq!(table.release(&claim), 1);
+    });
+}
+
 #[test]
 fn loom_reset_in_the_same_tick_keeps_the_new_holder() {
     loom::model(|| {

@@ -421,35 +421,56 @@ impl SlotTable {
         }
     }
 
-    /// Frees every slot whose holder kept it past its deadline while holding
-    /// bytes, and gives those bytes back; returns how many it freed.
+    /// Gives back the bytes of every holder that kept its slot past its
+    /// deadline; returns whether any came back.
     ///
     /// A claim recovers an expired holder's bytes only when it lands on that
     /// very slot, and a free slot earlier in a caller's scan may always be
     /// taken first: so when the budget looks spent, this looks for such bytes
-    /// everywhere before a call is shed for them. The freed slot gets a new
-    /// generation, so the late holder can no longer release it or its bytes.
+    /// everywhere before a call is shed for them.
+    ///
+    /// It takes the holder's record (tagged with the holder's generation)
+    /// and leaves the slot's word alone. Taking the record with a
+    /// compare-and-exchange is what makes the bytes come back exactly once:
+    /// if a claimer takes the slot meanwhile, its own swap of the record
+    /// either came first (and gave the bytes back) or finds the record
+    /// emptied; a record the new holder stores has its generation, so it
+    /// never matches. The slot, expired already, is free for anyone; the
+    /// claim that takes it counts it as reclaimed, so the count of reclaims
+    /// and of slots held stay one with the table. The late holder finds its
+    /// record gone and gives back nothing.
     #[cold]
-    pub(crate) fn reclaim_expired_bytes(&self, now: u64) -> usize {
-        let mut freed = 0;
-        for (index, slot) in self.slots.iter().enumerate() {
+    pub(crate) fn recover_expired_bytes(&self, now: u64) -> bool {
+        let Some(budget) = &self.budget else {
+            return false;
+        };
+        let mut recovered = false;
+        for slot in self.slots.iter() {
             let word = slot.word.load(Ordering::SeqCst);
             let until = deadline(word);
-            let holds_bytes = slot.bytes.load(Ordering::SeqCst) >> GENERATION_BITS != 0;
-            if until == 0 || until > now || !holds_bytes {
+            if until == 0 || until > now {
                 continue;
             }
-            let free = next_generation(word);
+            let record = slot.bytes.load(Ordering::SeqCst);
+            let abandoned = record >> GENERATION_BITS;
+            if abandoned == 0 || generation(record) != generation(word) {
+                continue;
+            }
             if slot
-                .word
-                .compare_exchange(word, free, Ordering::SeqCst, Ordering::Relaxed)
+                .bytes
+                .compare_exchange(
+                    record,
+                    generation(word),
+                    Ordering::SeqCst,
+                    Ordering::Relaxed,
+                )
                 .is_ok()
             {
-                self.give_back_recorded_bytes(index, free);
-                freed += 1;
+                budget.give_back_abandoned(abandoned);
+                recovered = true;
             }
         }
-        freed
+        recovered
     }
 
     /// Claims of every slot, ever.
@@ -581,14 +602,44 @@ mod tests {
         let table = SlotTable::new(2, HOLD, Some(1000));
         let leaked = table.try_claim(1, Ordering::Relaxed).unwrap();
         table.reserve_bytes(&leaked, 800).unwrap();
-        assert_eq!(table.reclaim_expired_bytes(HOLD), 0, "not expired yet");
-        assert_eq!(table.reclaim_expired_bytes(1 + HOLD), 1);
+        assert!(!table.recover_expired_bytes(HOLD), "not expired yet");
+        assert_eq!(table.bytes_reserved(), 800);
+        assert!(table.recover_expired_bytes(1 + HOLD));
         assert_eq!(table.bytes_reserved(), 0);
-        assert_eq!(table.held(1 + HOLD), 0);
-        assert!(!table.unrecord_bytes(&leaked, 800));
+        assert!(!table.recover_expired_bytes(1 + HOLD), "once only");
         assert!(
-            table.release(&leaked) == 0,
-            "the late holder can no longer release it"
+            !table.unrecord_bytes(&leaked, 800),
+            "the late holder finds nothing"
+        );
+        // The slot itself is left for the next claim, which reclaims it.
+        assert_eq!(table.held(1 + HOLD), 0);
+        let mut reclaimer = None;
+        while let Some(claim) = table.try_claim(1 + HOLD, Ordering::Relaxed) {
+            if claim.index() == leaked.index() {
+                reclaimer = Some(claim);
+            }
+        }
+        assert!(reclaimer.is_some_and(|claim| claim.reclaimed()));
+        assert_eq!(table.bytes_reserved(), 0, "nothing given back twice");
+    }
+
+    #[test]
+    fn a_record_stored_by_the_slot_s_next_holder_is_never_taken() {
+        let table = SlotTable::new(1, HOLD, Some(1000));
+        let leaked = table.try_claim(1, Ordering::Relaxed).unwrap();
+        table.reserve_bytes(&leaked, 600).unwrap();
+        let next = table.try_claim(1 + HOLD, Ordering::Relaxed).unwrap();
+        assert_eq!(
+            table.bytes_reserved(),
+            0,
+            "the claim took the leaked bytes back"
+        );
+        table.reserve_bytes(&next, 700).unwrap();
+        assert!(!table.recover_expired_bytes(1 + HOLD));
+        assert_eq!(table.bytes_reserved(), 700);
+        assert!(
+            table.unrecord_bytes(&next, 700),
+            "its record is still there"
         );
     }
 

@@ -6,13 +6,16 @@
 //! of the line (the releaser claims it on the head's behalf), so a new arrival
 //! can never take it first.
 //!
-//! A caller that gives up stays in the queue, marked done, until it reaches
-//! the front: removing it from the middle would cost a search, and the
-//! dispatcher skips it for free.
+//! A caller that gives up leaves the line where it stands (its node knows
+//! its place), so the line never holds more than the callers waiting.
+//!
+//! Wakers are collected while the line is locked and woken once it is
+//! unlocked, as tokio's semaphore does: a task woken under the lock may run
+//! at once on another thread and go straight for the lock.
 
 use crate::clock::Clock;
 use crate::error::ShedReason;
-use crate::line::{Line, QueueOrder};
+use crate::line::{Line, Place, QueueOrder};
 use crate::slots::{Claim, SlotTable};
 use crate::sync::{lock, loom_seqcst_fence, Arc, AtomicUsize, Mutex, Ordering};
 use std::task::{Context, Poll, Waker};
@@ -36,6 +39,38 @@ pub(crate) struct Node {
     /// How many slots the caller takes.
     weight: usize,
     priority: i32,
+    /// Where it stands in the line, set once it is in. Read and written
+    /// only under the line's lock.
+    place: Mutex<Option<Place>>,
+}
+
+/// Wakers of callers whose wait was ended under the line's lock, woken when
+/// this is dropped. Declare it before the lock's guard, so that it drops
+/// after it. Eight inline, more on the heap: a dispatch rarely serves more.
+#[derive(Default)]
+struct WakeList {
+    inline: [Option<Waker>; 8],
+    spilled: Vec<Waker>,
+}
+
+impl WakeList {
+    fn push(&mut self, waker: Waker) {
+        match self.inline.iter_mut().find(|slot| slot.is_none()) {
+            Some(slot) => *slot = Some(waker),
+            None => self.spilled.push(waker),
+        }
+    }
+}
+
+impl Drop for WakeList {
+    fn drop(&mut self) {
+        for waker in self.inline.iter_mut().filter_map(Option::take) {
+            waker.wake();
+        }
+        for waker in self.spilled.drain(..) {
+            waker.wake();
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -118,38 +153,48 @@ impl Waiters {
 
     /// Refuses every arrival from now on, and every caller parked now.
     pub(crate) fn close(&self) {
+        let mut woken = WakeList::default();
         let mut queue = lock(&self.queue);
         self.parked.fetch_or(CLOSED, Ordering::SeqCst);
-        self.refuse_parked(&mut queue, ShedReason::Closed);
+        self.refuse_parked(&mut queue, ShedReason::Closed, &mut woken);
     }
 
     /// Refuses every caller parked now.
     pub(crate) fn cancel(&self) {
+        let mut woken = WakeList::default();
         let mut queue = lock(&self.queue);
-        self.refuse_parked(&mut queue, ShedReason::Cancelled);
+        self.refuse_parked(&mut queue, ShedReason::Cancelled, &mut woken);
     }
 
-    fn refuse_parked(&self, queue: &mut Line<Arc<Node>>, reason: ShedReason) {
+    fn refuse_parked(&self, queue: &mut Line<Arc<Node>>, reason: ShedReason, woken: &mut WakeList) {
         let nodes: Vec<_> = queue.drain().collect();
         for node in nodes {
-            self.resolve(queue, &node, NodeState::Refused(reason));
+            self.resolve(queue, &node, NodeState::Refused(reason), woken);
         }
     }
 
-    /// Ends the wait of the caller behind `node` with `outcome`, and wakes
-    /// it; `false` if it was no longer parked (it gave up meanwhile).
-    fn resolve(&self, queue: &mut Line<Arc<Node>>, node: &Node, outcome: NodeState) -> bool {
+    /// Ends the wait of the caller behind `node` (out of the line already)
+    /// with `outcome`, its waker to be woken once the line is unlocked;
+    /// `false` if it was no longer parked (it gave up meanwhile).
+    fn resolve(
+        &self,
+        queue: &mut Line<Arc<Node>>,
+        node: &Node,
+        outcome: NodeState,
+        woken: &mut WakeList,
+    ) -> bool {
         let mut state = lock(&node.state);
         let NodeState::Parked(waker) = &mut *state else {
             return false;
         };
         let waker = waker.take();
         *state = outcome;
+        *lock(&node.place) = None;
         queue.left(node.priority);
         self.parked.fetch_sub(1, Ordering::SeqCst);
         drop(state);
         if let Some(waker) = waker {
-            waker.wake();
+            woken.push(waker);
         }
         true
     }
@@ -167,7 +212,9 @@ impl Waiters {
 
     #[cold]
     fn dispatch_after_release(&self, slots: &SlotTable, clock: &Clock) {
-        self.dispatch(&mut lock(&self.queue), slots, clock.now());
+        let mut woken = WakeList::default();
+        let mut queue = lock(&self.queue);
+        self.dispatch(&mut queue, slots, clock.now(), &mut woken);
     }
 
     /// A caller that may not wait, arriving while others are parked: it gets a
@@ -178,8 +225,9 @@ impl Waiters {
         now: u64,
         weight: usize,
     ) -> Option<Claim> {
+        let mut woken = WakeList::default();
         let mut queue = lock(&self.queue);
-        self.dispatch(&mut queue, slots, now);
+        self.dispatch(&mut queue, slots, now, &mut woken);
         if self.parked.load(Ordering::SeqCst) == 0 {
             // Nobody parked, and not closed.
             slots.try_claim_weighted(now, weight, Ordering::SeqCst)
@@ -199,11 +247,12 @@ impl Waiters {
         priority: i32,
         weight: usize,
     ) -> Arrival {
+        let mut woken = WakeList::default();
         let mut queue = lock(&self.queue);
         if self.is_closed() {
             return Arrival::Closed;
         }
-        self.dispatch(&mut queue, slots, now);
+        self.dispatch(&mut queue, slots, now, &mut woken);
         let parked = self.count();
         if parked == 0 {
             if let Some(claim) = slots.try_claim_weighted(now, weight, Ordering::SeqCst) {
@@ -217,13 +266,15 @@ impl Waiters {
             state: Mutex::new(NodeState::Parked(None)),
             weight,
             priority,
+            place: Mutex::new(None),
         });
-        queue.push(priority, weight, node.clone());
+        let place = queue.push(priority, weight, node.clone());
+        *lock(&node.place) = Some(place);
         self.parked.fetch_add(1, Ordering::SeqCst);
         loom_seqcst_fence();
         // A slot freed after the scan above, by a releaser that read
         // `parked` before the increment, is found here.
-        self.dispatch(&mut queue, slots, now);
+        self.dispatch(&mut queue, slots, now, &mut woken);
         Arrival::Parked(node)
     }
 
@@ -231,7 +282,13 @@ impl Waiters {
     /// runs out. The head of the line is never bypassed: if it needs more
     /// slots than are free, nobody behind it is served, and freed slots
     /// stay free for it (the fast path is closed while anyone is parked).
-    fn dispatch(&self, queue: &mut Line<Arc<Node>>, slots: &SlotTable, now: u64) {
+    fn dispatch(
+        &self,
+        queue: &mut Line<Arc<Node>>,
+        slots: &SlotTable,
+        now: u64,
+        woken: &mut WakeList,
+    ) {
         while self.count() > 0 {
             let Some((place, head)) = queue.peek_next(self.count()) else {
                 // `parked` and the queue disagree; never strand a caller's count.
@@ -239,7 +296,7 @@ impl Waiters {
                 break;
             };
             if !head.is_parked() {
-                // It gave up; it is skipped for free.
+                // Cannot happen: a caller leaves the line as its wait ends.
                 queue.take(place);
                 continue;
             }
@@ -249,7 +306,7 @@ impl Waiters {
             };
             // The very entry seen, even if a custom order would now pick another.
             let head = queue.take(place);
-            if !self.resolve(queue, &head, NodeState::Granted(claim)) {
+            if !self.resolve(queue, &head, NodeState::Granted(claim), woken) {
                 // Cannot happen while the queue is locked; never strand the slot.
                 slots.release(&claim);
             }
@@ -301,35 +358,141 @@ impl Waiters {
         now: u64,
         last_chance: bool,
     ) -> Option<Claim> {
+        let mut woken = WakeList::default();
         let mut queue = lock(&self.queue);
         if last_chance {
-            self.dispatch(&mut queue, slots, now);
+            self.dispatch(&mut queue, slots, now, &mut woken);
         }
         let mut state = lock(&node.state);
         match std::mem::replace(&mut *state, NodeState::Done) {
             NodeState::Granted(claim) => Some(claim),
             NodeState::Parked(_) => {
+                drop(state);
+                if let Some(place) = lock(&node.place).take() {
+                    queue.remove(place);
+                }
                 queue.left(node.priority);
                 self.parked.fetch_sub(1, Ordering::SeqCst);
-                drop(state);
-                self.drop_finished_front(&mut queue);
                 // If it was the head, waiting for more slots than were
                 // free, the caller behind it may fit in those slots now.
-                self.dispatch(&mut queue, slots, now);
+                self.dispatch(&mut queue, slots, now, &mut woken);
                 None
             }
             NodeState::Refused(_) | NodeState::Done => None,
         }
     }
 
-    /// Callers give up mostly in arrival order, so the nodes they leave behind
-    /// sit at the front: pop them now rather than let the queue grow while no
-    /// slot comes free.
-    fn drop_finished_front(&self, queue: &mut Line<Arc<Node>>) {
-        if self.count() == 0 {
-            queue.clear();
-            return;
+    /// How many entries the line holds, callers waiting or not.
+    #[cfg(all(test, not(tower_inflight_loom)))]
+    pub(crate) fn line_len(&self) -> usize {
+        lock(&self.queue).len()
+    }
+}
+
+#[cfg(all(test, not(tower_inflight_loom)))]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+    use std::sync::atomic::AtomicBool;
+    use std::task::Wake;
+
+    const HOLD: u64 = 100;
+
+    fn parked(arrival: Arrival) -> Arc<Node> {
+        match arrival {
+            Arrival::Parked(node) => node,
+            other => panic!("not parked: {other:?}"),
         }
-        queue.prune(|node| matches!(*lock(&node.state), NodeState::Done));
+    }
+
+    #[test]
+    fn callers_that_leave_from_the_middle_of_the_line_leave_nothing_behind() {
+        for order in [
+            QueueOrder::PriorityFifo,
+            QueueOrder::PriorityLifo,
+            QueueOrder::Fifo,
+            QueueOrder::Lifo,
+            QueueOrder::AdaptiveLifo { after: 2 },
+            QueueOrder::custom(|a, b| a.priority().cmp(&b.priority())),
+        ] {
+            let slots = SlotTable::new(1, HOLD, None);
+            let _held = slots.try_claim(1, Ordering::Relaxed).unwrap();
+            let waiters = Waiters::new(order.clone());
+            // Steady overload with three priorities: ten wait, and each new
+            // arrival makes the one in the middle of the line give up.
+            let mut waiting = VecDeque::new();
+            for round in 0..1_000 {
+                let priority = round % 3;
+                waiting.push_back(parked(waiters.arrive(&slots, 1, None, priority, 1)));
+                if waiting.len() > 10 {
+                    let quitter = waiting.remove(waiting.len() / 2).unwrap();
+                    assert_eq!(waiters.leave(&quitter, &slots, 1, false), None);
+                }
+            }
+            assert_eq!(waiters.parked(), 10, "{order:?}");
+            assert_eq!(waiters.line_len(), 10, "{order:?}");
+            assert_eq!(waiters.depths().values().sum::<usize>(), 10, "{order:?}");
+        }
+    }
+
+    /// Records whether the line was unlocked when it was woken.
+    struct CheckUnlocked {
+        waiters: Arc<Waiters>,
+        unlocked: AtomicBool,
+        woken: AtomicBool,
+    }
+
+    impl Wake for CheckUnlocked {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+
+        fn wake_by_ref(self: &Arc<Self>) {
+            let unlocked = self.waiters.queue.try_lock().is_ok();
+            self.unlocked.store(unlocked, Ordering::SeqCst);
+            self.woken.store(true, Ordering::SeqCst);
+        }
+    }
+
+    fn park_with_checker(waiters: &Arc<Waiters>, slots: &SlotTable) -> Arc<CheckUnlocked> {
+        let node = parked(waiters.arrive(slots, 1, None, 0, 1));
+        let checker = Arc::new(CheckUnlocked {
+            waiters: waiters.clone(),
+            unlocked: AtomicBool::new(false),
+            woken: AtomicBool::new(false),
+        });
+        let waker = Waker::from(checker.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(waiters.poll_granted(&node, &mut cx).is_pending());
+        checker
+    }
+
+    #[test]
+    fn wakers_run_after_the_line_is_unlocked() {
+        let slots = SlotTable::new(1, HOLD, None);
+        let waiters = Arc::new(Waiters::default());
+        let held = slots.try_claim(1, Ordering::Relaxed).unwrap();
+
+        let granted = park_with_checker(&waiters, &slots);
+        slots.release(&held);
+        waiters.after_release(&slots, &Clock::Manual(crate::ManualClock::new()));
+
+        let _held = slots.try_claim(1, Ordering::Relaxed);
+        let cancelled = park_with_checker(&waiters, &slots);
+        waiters.cancel();
+        let closed = park_with_checker(&waiters, &slots);
+        waiters.close();
+
+        for (what, checker) in [
+            ("granted", granted),
+            ("cancelled", cancelled),
+            ("closed", closed),
+        ] {
+            assert!(checker.woken.load(Ordering::SeqCst), "{what}: not woken");
+            assert!(
+                checker.unlocked.load(Ordering::SeqCst),
+                "{what}: woken under the lock"
+            );
+        }
     }
 }

@@ -178,14 +178,14 @@ impl Model {
         }
         if self.reserved + bytes > MAX_BYTES {
             // Before shedding, every expired holder that still records bytes
-            // loses its slot and its bytes, wherever its slot is.
+            // loses its bytes, wherever its slot is. Its slot stays as it
+            // is: free, and reclaimed by the claim that next takes it.
             let now = self.now;
             for slot in &mut self.slots {
                 let expired = slot.holder.is_some_and(|holder| holder.deadline <= now);
                 if expired && slot.record.is_some_and(|(_, bytes)| bytes > 0) {
                     let (_, abandoned) = slot.record.take().unwrap_or_default();
                     self.reserved = self.reserved.saturating_sub(abandoned);
-                    slot.holder = None;
                 }
             }
         }
