@@ -2,8 +2,8 @@
 
 use crate::bulkhead::Shared;
 use crate::error::{ServiceSaturated, ShedReason};
-use crate::permit::Permit;
-use crate::saturation::{SaturationSignal, Verdict};
+use crate::permit::{Granted, Permit};
+use crate::saturation::{SaturationSignal, Verdict, WaitEnd};
 use crate::sync::Arc;
 use crate::ticket::Ticket;
 use crate::waiters::{Arrival, Node};
@@ -22,6 +22,8 @@ pin_project! {
     pub struct Acquire {
         shared: Arc<Shared>,
         ticket: Ticket,
+        // Bytes of the byte budget the permit takes beside its slots.
+        bytes: u64,
         #[pin]
         state: State,
     }
@@ -51,14 +53,15 @@ struct Place {
 }
 
 impl Place {
-    /// Records the end of the wait (once).
-    fn record(&mut self, admitted: bool) {
+    /// Records the end of the wait (once). Called once the slots, if any,
+    /// are in a guard: the event hook it calls may panic.
+    fn record(&mut self, end: WaitEnd) {
         if !std::mem::replace(&mut self.recorded, true) {
             let waiting = self.shared.waiters().parked();
             self.shared
                 .observer()
-                .waited(self.since.elapsed(), admitted, waiting);
-            self.shared.wait_ended(admitted, self.probe);
+                .waited(self.since.elapsed(), end == WaitEnd::Admitted, waiting);
+            self.shared.wait_ended(end, self.probe);
             #[cfg(feature = "metrics")]
             self.shared
                 .observer()
@@ -72,15 +75,25 @@ impl Acquire {
         Self {
             shared,
             ticket,
+            bytes: 0,
             state: State::Arriving,
         }
     }
-}
 
-impl Future for Acquire {
-    type Output = Result<Permit, ServiceSaturated>;
+    /// The permit also takes `bytes` of the byte budget, once it has its
+    /// slots; if they do not fit, the slots are given back and the call is
+    /// shed with [`ShedReason::Bytes`].
+    pub(crate) fn with_bytes(mut self, bytes: u64) -> Self {
+        self.bytes = bytes;
+        self
+    }
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+    /// Waits for the slots, without making them a permit: for a caller that
+    /// learns the bytes it needs only later (a service ready before its call).
+    pub(crate) fn poll_granted(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Granted, ServiceSaturated>> {
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
@@ -90,7 +103,7 @@ impl Future for Acquire {
                     let reason = match shared.try_claim_weighted(this.ticket.get_weight(), now) {
                         Ok(claim) => {
                             this.state.set(State::Done);
-                            return Poll::Ready(Ok(Permit::new(this.shared.clone(), claim)));
+                            return Poll::Ready(Ok(Granted::new(this.shared.clone(), claim)));
                         }
                         Err(reason) => reason,
                     };
@@ -119,69 +132,79 @@ impl Future for Acquire {
                         this.ticket.get_priority(),
                         this.ticket.get_weight(),
                     );
-                    if probe && !matches!(arrival, Arrival::Parked(_)) {
-                        // The probe never waited: a slot was free after all
-                        // (waiting pays), or it was turned away.
-                        let admitted = matches!(arrival, Arrival::Admitted(_));
-                        shared.signal_wait_ended(admitted, true);
-                    }
-                    match arrival {
+                    let node = match arrival {
+                        Arrival::Parked(node) => node,
                         Arrival::Admitted(claim) => {
+                            let granted = Granted::new(this.shared.clone(), claim);
+                            if probe {
+                                // The probe never waited: a slot was free
+                                // after all, so waiting pays.
+                                shared.signal_wait_ended(WaitEnd::Admitted, true);
+                            }
                             this.state.set(State::Done);
-                            return Poll::Ready(Ok(Permit::new(this.shared.clone(), claim)));
+                            return Poll::Ready(Ok(granted));
                         }
-                        Arrival::QueueFull => {
-                            this.state.set(State::Done);
-                            return Poll::Ready(Err(shared.saturated(ShedReason::TooManyWaiting)));
-                        }
-                        Arrival::Closed => {
-                            this.state.set(State::Done);
-                            return Poll::Ready(Err(shared.saturated(ShedReason::Closed)));
-                        }
-                        Arrival::Parked(node) => {
-                            let observer = shared.observer();
-                            shared.see_in_flight_when_refused(|| shared.now());
-                            observer.parked(shared.waiters().parked());
-                            #[cfg(feature = "metrics")]
-                            observer.waiting_by_priority(
-                                this.ticket.get_priority(),
-                                shared.waiters().depth(this.ticket.get_priority()),
-                            );
-                            let place = Place {
-                                shared: this.shared.clone(),
-                                node,
-                                priority: this.ticket.get_priority(),
-                                since: tokio::time::Instant::now(),
-                                probe,
-                                recorded: false,
+                        refused => {
+                            let reason = match refused {
+                                Arrival::QueueFull => ShedReason::TooManyWaiting,
+                                _ => ShedReason::Closed,
                             };
-                            let budget = tokio::time::sleep(wait);
-                            this.state.set(State::Parked { place, budget });
+                            if probe {
+                                shared.signal_wait_ended(WaitEnd::Abandoned, true);
+                            }
+                            this.state.set(State::Done);
+                            return Poll::Ready(Err(shared.saturated(reason)));
                         }
-                    }
+                    };
+                    // In a place first: whatever panics below, the caller
+                    // leaves the line when it is dropped.
+                    let place = Place {
+                        shared: this.shared.clone(),
+                        node,
+                        priority: this.ticket.get_priority(),
+                        since: tokio::time::Instant::now(),
+                        probe,
+                        recorded: false,
+                    };
+                    let budget = tokio::time::sleep(wait);
+                    this.state.set(State::Parked { place, budget });
+                    let observer = shared.observer();
+                    shared.see_in_flight_when_refused(|| shared.now());
+                    observer.parked(shared.waiters().parked());
+                    #[cfg(feature = "metrics")]
+                    observer.waiting_by_priority(
+                        this.ticket.get_priority(),
+                        shared.waiters().depth(this.ticket.get_priority()),
+                    );
                 }
                 StateProj::Parked { place, budget } => {
                     let shared = &place.shared;
                     if let Poll::Ready(outcome) = shared.waiters().poll_granted(&place.node, cx) {
-                        place.record(outcome.is_ok());
-                        let outcome = match outcome {
-                            Ok(claim) => Ok(Permit::new(this.shared.clone(), claim)),
-                            Err(reason) => Err(place.shared.saturated(reason)),
+                        let (outcome, end) = match outcome {
+                            Ok(claim) => (
+                                Ok(Granted::new(this.shared.clone(), claim)),
+                                WaitEnd::Admitted,
+                            ),
+                            Err(reason) => (Err(reason), WaitEnd::Abandoned),
                         };
+                        place.record(end);
+                        let outcome = outcome.map_err(|reason| place.shared.saturated(reason));
                         this.state.set(State::Done);
                         return Poll::Ready(outcome);
                     }
                     ready!(budget.poll(cx));
-                    let granted =
-                        shared
-                            .waiters()
-                            .leave(&place.node, shared.slots(), shared.now(), true);
-                    place.record(granted.is_some());
-                    let shared = &place.shared;
-                    let outcome = match granted {
-                        Some(claim) => Ok(Permit::new(this.shared.clone(), claim)),
-                        None => Err(shared.saturated(ShedReason::WaitExpired)),
+                    let granted = shared
+                        .waiters()
+                        .leave(&place.node, shared.slots(), shared.now(), true)
+                        .map(|claim| Granted::new(this.shared.clone(), claim));
+                    let end = if granted.is_some() {
+                        WaitEnd::Admitted
+                    } else {
+                        WaitEnd::Expired
                     };
+                    place.record(end);
+                    let outcome =
+                        granted.ok_or_else(|| place.shared.saturated(ShedReason::WaitExpired));
                     this.state.set(State::Done);
                     return Poll::Ready(outcome);
                 }
@@ -191,17 +214,28 @@ impl Future for Acquire {
     }
 }
 
+impl Future for Acquire {
+    type Output = Result<Permit, ServiceSaturated>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let bytes = self.bytes;
+        let granted = ready!(self.as_mut().poll_granted(cx));
+        Poll::Ready(granted.and_then(|granted| granted.into_permit(bytes)))
+    }
+}
+
 impl Drop for Place {
     fn drop(&mut self) {
-        // Dropped while waiting: the caller gave up.
+        // Dropped while waiting: the caller gave up. A slot handed to it
+        // meanwhile goes on to the next in line before anything is recorded.
         let shared = &self.shared;
         let granted = shared
             .waiters()
             .leave(&self.node, shared.slots(), shared.now(), false);
-        self.record(false);
         if let Some(claim) = granted {
-            self.shared.release(&claim);
+            shared.give_back_unused(&claim);
         }
+        self.record(WaitEnd::Abandoned);
     }
 }
 

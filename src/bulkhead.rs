@@ -1,13 +1,14 @@
 //! The bulkhead: the slot table, the waiter queue and the queries on them.
 
 use crate::acquire::Acquire;
+use crate::bytes::Share;
 use crate::clock::Clock;
 use crate::codel::Codel;
 use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::observe::Observer;
 use crate::permit::{BorrowedPermit, Permit};
-use crate::saturation::SaturationSignal;
+use crate::saturation::{SaturationSignal, WaitEnd};
 use crate::slots::{Claim, SlotTable};
 use crate::status::{Rollups, Status, Totals};
 use crate::sync::{Arc, Ordering};
@@ -306,16 +307,17 @@ impl Bulkhead {
     /// assert!(bulkhead.try_acquire_bytes(600 << 10).is_ok());
     /// ```
     pub fn try_acquire_bytes(&self, bytes: u64) -> Result<Permit, ServiceSaturated> {
-        let permit = self.try_acquire()?;
-        self.shared.reserve_bytes(permit, bytes)
+        let claim = self.shared.claim_or_shed()?;
+        Shared::permit(&self.shared, claim, bytes)
     }
 
     /// Takes a slot, waiting for one up to the `wait` budget, then `bytes` of
     /// the byte budget; if the bytes are not free, gives the slot back and
     /// sheds with [`ShedReason::Bytes`]. Bytes are never waited for.
     pub async fn acquire_bytes(&self, bytes: u64) -> Result<Permit, ServiceSaturated> {
-        let permit = self.acquire().await?;
-        self.shared.reserve_bytes(permit, bytes)
+        Acquire::new(self.shared.clone(), Ticket::new())
+            .with_bytes(bytes)
+            .await
     }
 
     /// Bytes of the budget reserved now.
@@ -616,10 +618,56 @@ impl Shared {
         self.waiters.after_release(&self.slots, &self.clock);
     }
 
-    /// Gives back a claim that never became a permit.
-    pub(crate) fn release(&self, claim: &Claim) {
-        self.slots.release(claim);
+    /// Makes `claim` a permit that holds `bytes` of the byte budget too, or
+    /// gives the claim back unused and sheds with [`ShedReason::Bytes`]: a
+    /// call refused for its bytes is never counted as admitted. Without a
+    /// byte budget, or for no bytes, the permit alone.
+    #[inline(always)]
+    pub(crate) fn permit(
+        shared: &Arc<Shared>,
+        claim: Claim,
+        bytes: u64,
+    ) -> Result<Permit, ServiceSaturated> {
+        if bytes == 0 || shared.config.max_bytes.is_none() {
+            return Ok(Permit::new(shared.clone(), claim));
+        }
+        Self::permit_with_bytes(shared, claim, bytes)
+    }
+
+    fn permit_with_bytes(
+        shared: &Arc<Shared>,
+        claim: Claim,
+        bytes: u64,
+    ) -> Result<Permit, ServiceSaturated> {
+        let mut reserved = shared.slots.reserve_bytes(&claim, bytes);
+        if reserved.is_none() && shared.slots.recover_expired_bytes(shared.clock.now()) {
+            // Bytes of holders that vanished were what filled the budget.
+            reserved = shared.slots.reserve_bytes(&claim, bytes);
+            // Their slots, expired, are free: hand them to whoever is parked
+            // rather than leave them until the next release.
+            shared.waiters.after_release(&shared.slots, &shared.clock);
+        }
+        shared.observer.bytes(|| shared.slots.bytes_reserved());
+        match reserved {
+            Some(epoch) => {
+                let share = Share::new(bytes, epoch);
+                Ok(Permit::with_share(shared.clone(), claim, share))
+            }
+            None => {
+                shared.give_back_unused(&claim);
+                Err(shared.saturated(ShedReason::Bytes))
+            }
+        }
+    }
+
+    /// Gives back a claim that never became a permit (its caller went away,
+    /// or its bytes did not fit), and hands its slots on. It is not counted
+    /// as admitted; its reclaims count as any claim's do, and the slots they
+    /// had counted as held are counted out.
+    pub(crate) fn give_back_unused(&self, claim: &Claim) {
+        let freed = self.slots.release(claim);
         self.waiters.after_release(&self.slots, &self.clock);
+        self.observer.unused(claim.reclaimed_slots(), freed);
     }
 
     fn totals(&self) -> Totals {
@@ -643,11 +691,10 @@ impl Shared {
         }
     }
 
-    /// A wait ended, `admitted` or not (`probe`: the saturation signal's
-    /// probe): the signal counts it, and if the line is empty now, CoDel's
-    /// interval restarts.
-    pub(crate) fn wait_ended(&self, admitted: bool, probe: bool) {
-        self.signal_wait_ended(admitted, probe);
+    /// A wait ended (`probe`: the saturation signal's probe): the signal
+    /// counts it, and if the line is empty now, CoDel's interval restarts.
+    pub(crate) fn wait_ended(&self, end: WaitEnd, probe: bool) {
+        self.signal_wait_ended(end, probe);
         if let Some(codel) = &self.codel {
             codel.seen(self.waiters.parked());
         }
@@ -655,43 +702,10 @@ impl Shared {
 
     /// The saturation signal counts a wait that ended (or, for a probe that
     /// never parked, a slot found or a refusal), and reports a change.
-    pub(crate) fn signal_wait_ended(&self, admitted: bool, probe: bool) {
+    pub(crate) fn signal_wait_ended(&self, end: WaitEnd, probe: bool) {
         if let Some(signal) = &self.saturation {
-            if let Some(raised) = signal.wait_ended(admitted, probe) {
+            if let Some(raised) = signal.wait_ended(end, probe) {
                 self.observer.saturation_signal(raised);
-            }
-        }
-    }
-
-    /// Adds `bytes` to `permit`, or drops it (handing its slot on) if the
-    /// budget cannot take them.
-    pub(crate) fn reserve_bytes(
-        &self,
-        permit: Permit,
-        bytes: u64,
-    ) -> Result<Permit, ServiceSaturated> {
-        if self.config.max_bytes.is_none() || bytes == 0 {
-            return Ok(permit);
-        }
-        let mut reserved = self.slots.reserve_bytes(permit.claim(), bytes);
-        if reserved.is_none() {
-            // Bytes of holders that vanished may be what fills the budget.
-            if self.slots.recover_expired_bytes(self.clock.now()) {
-                self.observer.bytes(|| self.slots.bytes_reserved());
-                reserved = self.slots.reserve_bytes(permit.claim(), bytes);
-                // Their slots, expired, are free: hand them to whoever is
-                // parked rather than leave them until the next release.
-                self.waiters.after_release(&self.slots, &self.clock);
-            }
-        }
-        match reserved {
-            Some(epoch) => {
-                self.observer.bytes(|| self.slots.bytes_reserved());
-                Ok(permit.with_bytes(bytes, epoch))
-            }
-            None => {
-                drop(permit);
-                Err(self.saturated(ShedReason::Bytes))
             }
         }
     }

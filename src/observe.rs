@@ -14,6 +14,8 @@ pub(crate) struct Observer {
     hook: Option<Hook>,
     refusals: Refusals,
     reclaimed: AtomicU64,
+    /// Claims given back without becoming permits: not admissions.
+    unused: AtomicU64,
     waits: AtomicU64,
     wait_nanos: AtomicU64,
     pub(crate) rollups: Rollups,
@@ -43,6 +45,7 @@ impl Observer {
             hook,
             refusals: Refusals::new(name),
             reclaimed: AtomicU64::new(0),
+            unused: AtomicU64::new(0),
             waits: AtomicU64::new(0),
             wait_nanos: AtomicU64::new(0),
             rollups,
@@ -106,6 +109,18 @@ impl Observer {
                 "bulkhead reclaimed a slot held past reclaim_after without a release: \
                  a leaked permit, or reclaim_after shorter than a call can take"
             );
+        }
+    }
+
+    /// A claim was given back without becoming a permit, after `freed` of
+    /// its slots were freed. Its `reclaimed` slots were counted as held
+    /// before it: they are counted as reclaimed, and out of the slots held.
+    #[cold]
+    pub(crate) fn unused(&self, reclaimed: usize, freed: usize) {
+        self.unused.fetch_add(1, Ordering::Relaxed);
+        if reclaimed > 0 {
+            self.reclaimed(reclaimed);
+            self.released(None, reclaimed.min(freed));
         }
     }
 
@@ -191,10 +206,11 @@ impl Observer {
         }
     }
 
-    pub(crate) fn totals(&self, admitted: u64) -> Totals {
+    /// The totals, `claims` being how many claims the slot table made.
+    pub(crate) fn totals(&self, claims: u64) -> Totals {
         let rejected = |reason: ShedReason| self.refusals.count(reason);
         Totals {
-            admitted,
+            admitted: claims.saturating_sub(self.unused.load(Ordering::Relaxed)),
             rejected_limit: rejected(ShedReason::LimitReached),
             rejected_wait_expired: rejected(ShedReason::WaitExpired),
             rejected_too_many_waiting: rejected(ShedReason::TooManyWaiting),

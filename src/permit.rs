@@ -2,7 +2,8 @@
 //! given back when dropped.
 
 use crate::bulkhead::Shared;
-use crate::bytes::{Epoch, Share};
+use crate::bytes::Share;
+use crate::error::ServiceSaturated;
 use crate::slots::Claim;
 use crate::sync::Arc;
 use std::fmt;
@@ -37,8 +38,11 @@ pub struct BorrowedPermit<'a> {
 impl<'a> BorrowedPermit<'a> {
     #[inline(always)]
     pub(crate) fn new(shared: &'a Shared, claim: Claim) -> Self {
-        shared.admitted(&claim);
-        Self { shared, claim }
+        let permit = Self { shared, claim };
+        // Counted once the permit exists: if an event hook panics, the
+        // permit is dropped, and its slot comes back.
+        shared.admitted(&permit.claim);
+        permit
     }
 
     /// Whether this slot was reclaimed from an earlier holder that kept it
@@ -79,21 +83,22 @@ pub struct ByteReservation {
 impl Permit {
     #[inline(always)]
     pub(crate) fn new(shared: Arc<Shared>, claim: Claim) -> Self {
-        shared.admitted(&claim);
-        Self {
+        Self::with_share(shared, claim, Share::NONE)
+    }
+
+    /// A permit for `claim` and the bytes of `share`, recorded on its slot
+    /// already.
+    #[inline(always)]
+    pub(crate) fn with_share(shared: Arc<Shared>, claim: Claim, share: Share) -> Self {
+        let permit = Self {
             shared,
             claim,
-            share: Share::NONE,
-        }
-    }
-
-    pub(crate) fn with_bytes(mut self, bytes: u64, epoch: Epoch) -> Self {
-        self.share = Share::new(bytes, epoch);
-        self
-    }
-
-    pub(crate) fn claim(&self) -> &Claim {
-        &self.claim
+            share,
+        };
+        // Counted once the permit exists: if an event hook panics, the
+        // permit is dropped, and its slot and bytes come back.
+        permit.shared.admitted(&permit.claim);
+        permit
     }
 
     /// Takes the permit's bytes off its slot's record; 0 if a reclaim or a
@@ -149,6 +154,48 @@ impl Permit {
             shared: self.shared.clone(),
             share: self.take_bytes(),
         }
+    }
+}
+
+/// Slots handed to a waiting caller that has not made them a permit yet:
+/// the bytes it needs come with its call. Given back, unused, if dropped,
+/// and handed on to the next in line.
+pub(crate) struct Granted {
+    shared: Arc<Shared>,
+    claim: Option<Claim>,
+}
+
+impl Granted {
+    pub(crate) fn new(shared: Arc<Shared>, claim: Claim) -> Self {
+        Self {
+            shared,
+            claim: Some(claim),
+        }
+    }
+
+    /// The permit, with `bytes` of the budget beside its slots, or the
+    /// slots given back and the call shed if the bytes do not fit.
+    pub(crate) fn into_permit(mut self, bytes: u64) -> Result<Permit, ServiceSaturated> {
+        match self.claim.take() {
+            Some(claim) => Shared::permit(&self.shared, claim, bytes),
+            None => unreachable!("a grant is made a permit once"),
+        }
+    }
+}
+
+impl Drop for Granted {
+    fn drop(&mut self) {
+        if let Some(claim) = self.claim.take() {
+            self.shared.give_back_unused(&claim);
+        }
+    }
+}
+
+impl fmt::Debug for Granted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Granted")
+            .field("slot", &self.claim.map(|claim| claim.index()))
+            .finish()
     }
 }
 

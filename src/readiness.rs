@@ -3,8 +3,9 @@
 
 use crate::acquire::Acquire;
 use crate::bulkhead::Bulkhead;
+use crate::bulkhead::Shared;
 use crate::error::{ServiceSaturated, ShedReason};
-use crate::permit::Permit;
+use crate::permit::{Granted, Permit};
 use crate::slots::Claim;
 use crate::ticket::Ticket;
 use pin_project_lite::pin_project;
@@ -21,8 +22,10 @@ pub(crate) enum Readiness {
     Idle,
     /// Parked until a slot is handed over or the wait budget is spent.
     Waiting(Pin<Box<Acquire>>),
-    /// A slot was handed over while waiting.
-    Admitted(Permit),
+    /// Slots were handed over while waiting: made a permit in `call`,
+    /// with the bytes the call brings; given back if the service is
+    /// dropped first.
+    Admitted(Granted),
     /// The wait budget ran out.
     Shed(ServiceSaturated),
 }
@@ -52,8 +55,8 @@ impl Readiness {
                     *self = Readiness::Waiting(Box::pin(bulkhead.acquire()));
                 }
                 Readiness::Waiting(acquire) => {
-                    *self = match ready!(acquire.as_mut().poll(cx)) {
-                        Ok(permit) => Readiness::Admitted(permit),
+                    *self = match ready!(acquire.as_mut().poll_granted(cx)) {
+                        Ok(granted) => Readiness::Admitted(granted),
                         Err(shed) => Readiness::Shed(shed),
                     };
                     return Poll::Ready(());
@@ -71,8 +74,8 @@ impl Readiness {
     }
 
     /// Makes the call being made now with its slot (the one handed over
-    /// while waiting, or a free one), or sheds it with the reason there is
-    /// none.
+    /// while waiting, or a free one) and `bytes` of the byte budget, or
+    /// sheds it with the reason there is none.
     ///
     /// The permit is handed to `admitted` rather than returned in a
     /// `Result`: moving it out of one copies it with wide loads that stall
@@ -83,29 +86,42 @@ impl Readiness {
     pub(crate) fn call<R>(
         &mut self,
         bulkhead: &Bulkhead,
+        bytes: u64,
         admitted: impl FnOnce(Permit) -> R,
         shed: impl FnOnce(ServiceSaturated) -> R,
     ) -> R {
         if let Readiness::Idle = self {
             let shared = bulkhead.shared();
             return match shared.claim_or_shed() {
-                Ok(claim) => admitted(Permit::new(shared.clone(), claim)),
+                Ok(claim) if bytes == 0 => admitted(Permit::new(shared.clone(), claim)),
+                Ok(claim) => match Shared::permit(shared, claim, bytes) {
+                    Ok(permit) => admitted(permit),
+                    Err(refused) => shed(refused),
+                },
                 Err(refused) => shed(refused),
             };
         }
-        match self.take_decided(bulkhead) {
+        match self.take_decided(bulkhead, bytes) {
             Ok(permit) => admitted(permit),
             Err(reason) => shed(reason),
         }
     }
 
-    fn take_decided(&mut self, bulkhead: &Bulkhead) -> Result<Permit, ServiceSaturated> {
+    fn take_decided(
+        &mut self,
+        bulkhead: &Bulkhead,
+        bytes: u64,
+    ) -> Result<Permit, ServiceSaturated> {
         match std::mem::take(self) {
-            Readiness::Admitted(permit) => Ok(permit),
+            Readiness::Admitted(granted) => granted.into_permit(bytes),
             Readiness::Shed(shed) => Err(shed),
             // `Waiting` means `poll_ready` was not ready: a caller's bug, which
             // the bulkhead answers as if no wait had been asked for.
-            Readiness::Idle | Readiness::Waiting(_) => bulkhead.try_acquire(),
+            Readiness::Idle | Readiness::Waiting(_) => {
+                let shared = bulkhead.shared();
+                let claim = shared.claim_or_shed()?;
+                Shared::permit(shared, claim, bytes)
+            }
         }
     }
 

@@ -36,6 +36,19 @@ struct State {
     probing: bool,
 }
 
+/// How a wait ended, as the signal sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WaitEnd {
+    /// The caller got its slots.
+    Admitted,
+    /// Its budget ran out first.
+    Expired,
+    /// It went away (its future dropped: a client that hung up), or was
+    /// turned away by `close` or `cancel_waiting`: nothing it says about
+    /// whether waiting pays, so the signal does not count it.
+    Abandoned,
+}
+
 /// What a caller that found no free slot may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Verdict {
@@ -77,18 +90,22 @@ impl SaturationSignal {
         }
     }
 
-    /// A wait ended, `admitted` or not; `probe` if it was the probe's.
-    /// Returns the signal's new state if this changed it.
-    pub(crate) fn wait_ended(&self, admitted: bool, probe: bool) -> Option<bool> {
+    /// A wait ended; `probe` if it was the probe's. Returns the signal's
+    /// new state if this changed it.
+    pub(crate) fn wait_ended(&self, end: WaitEnd, probe: bool) -> Option<bool> {
         let mut state = lock(&self.state);
         if probe {
+            // Whatever became of it, the next caller may probe.
             state.probing = false;
-            if admitted && state.raised {
+            if end == WaitEnd::Admitted && state.raised {
                 // Waiting pays again: start counting afresh.
                 state.raised = false;
                 state.window_start = None;
                 return Some(false);
             }
+            return None;
+        }
+        if end == WaitEnd::Abandoned {
             return None;
         }
         let now = Instant::now();
@@ -101,7 +118,7 @@ impl SaturationSignal {
             state.expired = 0;
         }
         state.waits += 1;
-        state.expired += u64::from(!admitted);
+        state.expired += u64::from(end == WaitEnd::Expired);
         let ratio = state.expired as f64 / state.waits as f64;
         if !state.raised
             && state.waits >= self.thresholds.min_waits
@@ -111,5 +128,42 @@ impl SaturationSignal {
             return Some(true);
         }
         None
+    }
+}
+
+#[cfg(all(test, not(tower_inflight_loom)))]
+mod tests {
+    use super::*;
+
+    fn signal() -> SaturationSignal {
+        SaturationSignal::new(Thresholds {
+            expired_ratio: 0.5,
+            min_waits: 2,
+            window: Duration::from_secs(3600),
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn callers_that_go_away_do_not_raise_the_signal() {
+        let signal = signal();
+        for _ in 0..10 {
+            assert_eq!(signal.wait_ended(WaitEnd::Abandoned, false), None);
+        }
+        assert!(!signal.is_raised());
+        assert_eq!(signal.wait_ended(WaitEnd::Expired, false), None);
+        assert_eq!(signal.wait_ended(WaitEnd::Expired, false), Some(true));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_that_goes_away_lets_the_next_caller_probe() {
+        let signal = signal();
+        signal.wait_ended(WaitEnd::Expired, false);
+        signal.wait_ended(WaitEnd::Expired, false);
+        assert_eq!(signal.verdict(), Verdict::Probe);
+        assert_eq!(signal.verdict(), Verdict::Skip);
+        assert_eq!(signal.wait_ended(WaitEnd::Abandoned, true), None);
+        assert_eq!(signal.verdict(), Verdict::Probe);
+        assert_eq!(signal.wait_ended(WaitEnd::Admitted, true), Some(false));
+        assert_eq!(signal.verdict(), Verdict::Park);
     }
 }

@@ -83,6 +83,7 @@ where
         let inner = &mut self.inner;
         self.readiness.call(
             &self.bulkhead,
+            0,
             |permit| ResponseFuture::called(inner.call(request), permit),
             ResponseFuture::shed,
         )

@@ -3,11 +3,12 @@
 
 use futures_util::FutureExt;
 use std::future::{poll_fn, Future};
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 use tokio::task::coop;
-use tower_inflight::{Bulkhead, Config, ServiceSaturated, ShedReason};
+use tower_inflight::{Bulkhead, Config, Event, ServiceSaturated, ShedReason};
 
 const RECLAIM: Duration = Duration::from_secs(60);
 
@@ -288,4 +289,42 @@ fn a_borrowed_permit_holds_its_slot_until_dropped_and_counts_as_admitted() {
     drop(second);
     assert_eq!(bulkhead.in_flight(), 0);
     assert_eq!(bulkhead.status().totals.admitted, 2);
+}
+
+#[test]
+fn a_panicking_event_hook_leaks_no_slot() {
+    let bulkhead = Bulkhead::new(Config::new(1, Duration::from_secs(30)).on_event(|event| {
+        if matches!(event, Event::Admitted) {
+            panic!("a bug in the hook");
+        }
+    }));
+    for _ in 0..3 {
+        let caught = std::panic::catch_unwind(AssertUnwindSafe(|| drop(bulkhead.try_acquire())));
+        assert!(caught.is_err());
+        assert_eq!(bulkhead.in_flight(), 0);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hook_that_panics_as_a_wait_ends_leaks_no_slot() {
+    let bulkhead = Bulkhead::new(
+        Config::new(1, Duration::from_secs(30))
+            .wait(Duration::from_secs(1))
+            .on_event(|event| {
+                if matches!(event, Event::Waited { .. }) {
+                    panic!("a bug in the hook");
+                }
+            }),
+    );
+    let held = bulkhead.try_acquire().unwrap();
+    let waiter = tokio::spawn({
+        let bulkhead = bulkhead.clone();
+        async move { bulkhead.acquire().await.map(drop) }
+    });
+    tokio::task::yield_now().await;
+    assert_eq!(bulkhead.waiting(), 1);
+    drop(held); // handed to the waiter, whose hook panics as its wait ends
+    assert!(waiter.await.unwrap_err().is_panic());
+    assert_eq!((bulkhead.in_flight(), bulkhead.waiting()), (0, 0));
+    assert!(bulkhead.try_acquire().is_ok());
 }

@@ -8,8 +8,10 @@ use support::spawn_acquire;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::MetricKind;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
-use tower_inflight::{Bulkhead, Config, ManualClock, Ticket};
+use tower_inflight::{Bulkhead, Config, Event, ManualClock, ShedReason, Ticket};
 
 /// Builds a bulkhead whose metrics go to a recorder of its own.
 fn recorded(config: Config) -> (Bulkhead, Snapshotter) {
@@ -307,4 +309,124 @@ async fn the_saturation_signal_gauge_is_one_while_the_signal_is_up() {
         ),
         1.0
     );
+}
+
+/// Counts the `Reclaimed` and `Admitted` events a bulkhead reports.
+#[derive(Clone, Default)]
+struct EventCounts {
+    reclaimed: Arc<AtomicUsize>,
+    admitted: Arc<AtomicUsize>,
+}
+
+impl EventCounts {
+    fn hook(&self) -> impl Fn(&Event) + Send + Sync + 'static {
+        let counts = self.clone();
+        move |event| match event {
+            Event::Reclaimed => drop(counts.reclaimed.fetch_add(1, Ordering::SeqCst)),
+            Event::Admitted => drop(counts.admitted.fetch_add(1, Ordering::SeqCst)),
+            _ => {}
+        }
+    }
+
+    fn reclaimed(&self) -> usize {
+        self.reclaimed.load(Ordering::SeqCst)
+    }
+
+    fn admitted(&self) -> usize {
+        self.admitted.load(Ordering::SeqCst)
+    }
+}
+
+/// The gauge, the totals and the events agree with the table. (A snapshot
+/// of the debugging recorder drains it: one a test.)
+fn assert_counts_agree(
+    bulkhead: &Bulkhead,
+    snapshotter: &Snapshotter,
+    events: &EventCounts,
+    reclaimed: usize,
+) {
+    let snapshot = snapshot(snapshotter);
+    let gauge = value(&snapshot, MetricKind::Gauge, "tower_inflight_in_flight", DB);
+    assert_eq!(gauge, bulkhead.in_flight() as f64, "in-flight gauge");
+    let counted = value(
+        &snapshot,
+        MetricKind::Counter,
+        "tower_inflight_reclaimed_total",
+        DB,
+    );
+    assert_eq!(counted, reclaimed as f64, "reclaimed counter");
+    assert_eq!(bulkhead.status().totals.reclaimed, reclaimed as u64);
+    assert_eq!(events.reclaimed(), reclaimed, "Reclaimed events");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reclaimed_slot_handed_to_a_caller_that_went_away_is_counted_once() {
+    let clock = ManualClock::new();
+    let events = EventCounts::default();
+    let (bulkhead, snapshotter) = recorded(
+        config(1)
+            .wait(Duration::from_secs(1))
+            .clock(clock.clone())
+            .on_event(events.hook()),
+    );
+    std::mem::forget(bulkhead.try_acquire().unwrap());
+    let mut waiter = tokio_test::task::spawn(bulkhead.acquire());
+    assert!(waiter.poll().is_pending(), "parked");
+    clock.advance(Duration::from_secs(30));
+    // An arrival hands the reclaimed slot to the caller at the head...
+    assert!(bulkhead.try_acquire().is_err());
+    // ...which goes away before it polls again.
+    drop(waiter);
+    assert_eq!(bulkhead.in_flight(), 0);
+    assert_counts_agree(&bulkhead, &snapshotter, &events, 1);
+    assert_eq!(bulkhead.status().totals.admitted, 1, "only the leak");
+}
+
+#[test]
+fn a_slot_whose_bytes_were_swept_is_reclaimed_by_its_next_holder_and_counted_once() {
+    let clock = ManualClock::new();
+    let events = EventCounts::default();
+    let (bulkhead, snapshotter) = recorded(
+        config(2)
+            .max_bytes(1000)
+            .clock(clock.clone())
+            .on_event(events.hook()),
+    );
+    std::mem::forget(bulkhead.try_acquire_bytes(800).unwrap());
+    clock.advance(Duration::from_secs(30));
+    // The budget is spent by the leak: its bytes are swept up for this call.
+    let first = bulkhead.try_acquire_bytes(800).unwrap();
+    let second = bulkhead.try_acquire().unwrap();
+    assert_eq!(bulkhead.in_flight(), 2);
+    assert!(first.was_reclaimed() || second.was_reclaimed());
+    assert_counts_agree(&bulkhead, &snapshotter, &events, 1);
+    drop((first, second));
+    assert_eq!(bulkhead.bytes_reserved(), 0);
+    assert_eq!(events.reclaimed(), 1);
+}
+
+#[tokio::test]
+async fn a_call_refused_for_its_bytes_is_never_counted_as_admitted() {
+    let events = EventCounts::default();
+    let (bulkhead, snapshotter) = recorded(config(4).max_bytes(1000).on_event(events.hook()));
+    let _held = bulkhead.try_acquire_bytes(800).unwrap();
+    let shed = bulkhead.try_acquire_bytes(800).unwrap_err();
+    assert_eq!(shed.reason(), ShedReason::Bytes);
+    let shed = bulkhead.acquire_bytes(800).await.unwrap_err();
+    assert_eq!(shed.reason(), ShedReason::Bytes);
+
+    let status = bulkhead.status();
+    assert_eq!(status.totals.admitted, 1);
+    assert_eq!(status.totals.rejected_bytes, 2);
+    assert_eq!(events.admitted(), 1, "Admitted events");
+    let snapshot = snapshot(&snapshotter);
+    let admitted = value(
+        &snapshot,
+        MetricKind::Counter,
+        "tower_inflight_admitted_total",
+        DB,
+    );
+    assert_eq!(admitted, 1.0);
+    let gauge = value(&snapshot, MetricKind::Gauge, "tower_inflight_in_flight", DB);
+    assert_eq!((gauge, bulkhead.in_flight()), (1.0, 1));
 }

@@ -5,7 +5,7 @@ use super::layer::Settings;
 use super::request::declared_length;
 use super::reserved::ReservedBytes;
 use super::response;
-use crate::bulkhead::Bulkhead;
+use crate::bulkhead::{Bulkhead, Shared};
 use crate::error::ServiceSaturated;
 use crate::permit::Permit;
 use crate::readiness::{admit, Parked, Readiness, TicketAdmission};
@@ -111,11 +111,14 @@ where
             None if request.body().is_end_stream() => Some(0),
             None => max_body,
         };
+        // The bytes reserved beside the slot (none without a byte budget).
+        let share = body_limit.unwrap_or(0);
         let Some(classify) = &self.settings.classify else {
-            let (inner, bulkhead, settings) = (&mut self.inner, &self.bulkhead, &self.settings);
+            let (inner, settings) = (&mut self.inner, &self.settings);
             return self.readiness.call(
-                bulkhead,
-                |permit| start(inner, bulkhead, settings, permit, request, body_limit),
+                &self.bulkhead,
+                share,
+                |permit| start(inner, permit, request, body_limit),
                 |shed| ResponseFuture::refused(shed_response(settings, &shed)),
             );
         };
@@ -124,15 +127,10 @@ where
         let request = Request::from_parts(parts, body);
         match admit(&self.bulkhead, ticket) {
             TicketAdmission::Admitted(claim) => {
-                let permit = Permit::new(self.bulkhead.shared().clone(), claim);
-                start(
-                    &mut self.inner,
-                    &self.bulkhead,
-                    &self.settings,
-                    permit,
-                    request,
-                    body_limit,
-                )
+                match Shared::permit(self.bulkhead.shared(), claim, share) {
+                    Ok(permit) => start(&mut self.inner, permit, request, body_limit),
+                    Err(shed) => ResponseFuture::refused(shed_response(&self.settings, &shed)),
+                }
             }
             TicketAdmission::Wait(acquire) => {
                 let clone = self.inner.clone();
@@ -140,10 +138,9 @@ where
                     inner: std::mem::replace(&mut self.inner, clone),
                     request,
                     body_limit,
-                    bulkhead: self.bulkhead.clone(),
                     settings: self.settings.clone(),
                 };
-                ResponseFuture::waiting(Parked::new(acquire, admission))
+                ResponseFuture::waiting(Parked::new(acquire.with_bytes(share), admission))
             }
             TicketAdmission::Shed(shed) => {
                 ResponseFuture::refused(shed_response(&self.settings, &shed))
@@ -158,16 +155,13 @@ struct Admission<S, ReqBody> {
     inner: S,
     request: Request<ReqBody>,
     body_limit: Option<u64>,
-    bulkhead: Bulkhead,
     settings: Arc<Settings>,
 }
 
-/// Reserves the request's bytes beside its slot (none without a byte
-/// budget), and calls the inner service with a body that cannot outgrow them.
+/// Calls the inner service with the request's slot and bytes (reserved
+/// already, beside the slot), and a body that cannot outgrow them.
 fn start<S, ReqBody, ResBody>(
     inner: &mut S,
-    bulkhead: &Bulkhead,
-    settings: &Settings,
     permit: Permit,
     request: Request<ReqBody>,
     body_limit: Option<u64>,
@@ -175,11 +169,6 @@ fn start<S, ReqBody, ResBody>(
 where
     S: Service<Request<Limited<ReqBody>>, Response = Response<ResBody>>,
 {
-    let share = body_limit.unwrap_or(0);
-    let permit = match bulkhead.shared().reserve_bytes(permit, share) {
-        Ok(permit) => permit,
-        Err(shed) => return ResponseFuture::refused(shed_response(settings, &shed)),
-    };
     let (mut parts, body) = request.into_parts();
     let in_flight = if permit.bytes() > 0 {
         let bytes = permit.bytes();
@@ -297,14 +286,11 @@ where
                             mut inner,
                             request,
                             body_limit,
-                            bulkhead,
                             settings,
                         },
                     ) = ready!(parked.as_mut().poll_admitted(cx));
                     let next = match admitted {
-                        Ok(permit) => start(
-                            &mut inner, &bulkhead, &settings, permit, request, body_limit,
-                        ),
+                        Ok(permit) => start(&mut inner, permit, request, body_limit),
                         Err(shed) => Self::refused(shed_response(&settings, &shed)),
                     };
                     self.set(next);
