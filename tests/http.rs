@@ -261,8 +261,7 @@ async fn a_body_that_could_never_fit_the_byte_budget_is_413_without_retry_after(
     assert_all_returned(&bulkhead).await;
 
     // A body of unknown length reserves what can be reserved: the budget.
-    let chunks =
-        futures_util::stream::iter([Ok::<_, Infallible>(Frame::data(Bytes::from(vec![
+    let chunks = futures_util::stream::iter([Ok::<_, Infallible>(Frame::data(Bytes::from(vec![
             b'x';
             800
         ])))]);
