@@ -23,8 +23,10 @@ use tower_service::Service;
 /// without a `wait` budget it is ready and `call` sheds, as
 /// `tower::load_shed` does. With a `wait` budget and no room, `poll_ready`
 /// waits (holding no slot) until a slot is handed to this service or the
-/// budget runs out, and `call` then uses that slot or sheds. The inner service
-/// is polled first, so no slot is held while it is not ready.
+/// budget runs out, and `call` then uses that slot or sheds. A slot handed
+/// over this way is held from `poll_ready` until `call`, or until the service
+/// is dropped, which hands it to the next in line. The inner service is
+/// polled first, so no slot is held while it is not ready.
 pub struct Concurrency<S> {
     inner: S,
     bulkhead: Bulkhead,
