@@ -520,11 +520,13 @@ impl Shared {
     // Performance).
     #[inline(always)]
     fn try_claim_at(&self, now: u64) -> Result<Claim, ShedReason> {
-        if self.waiters.quiet() {
+        if let Some(seen) = self.waiters.calm() {
             if let Some(claim) = self.slots.try_claim(now, Ordering::Relaxed) {
                 return Ok(claim);
             }
-            if self.waiters.quiet() {
+            // Nobody parked meanwhile, and no weighted claim was taking
+            // slots it may give back: every slot seen held was held.
+            if self.waiters.unchanged(seen) {
                 return Err(ShedReason::LimitReached);
             }
         }

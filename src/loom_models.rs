@@ -235,3 +235,47 @@ fn loom_weighted_claim_is_all_or_nothing() {
         assert_eq!(table.held(1), 0, "every slot is free at the end");
     });
 }
+
+/// The fast path as `Shared::try_claim_at` takes it, on `table` and `waiters`.
+fn fast_claim(table: &SlotTable, waiters: &Waiters) -> Option<crate::slots::Claim> {
+    if let Some(seen) = waiters.calm() {
+        if let Some(claim) = table.try_claim(1, Ordering::Relaxed) {
+            return Some(claim);
+        }
+        if waiters.unchanged(seen) {
+            return None;
+        }
+    }
+    waiters.claim_behind_parked(table, 1, 1)
+}
+
+/// A weighted claim of both slots that fails (another caller takes one of
+/// them meanwhile) never gets a third caller shed on the fast path while it
+/// holds the slot it is about to give back.
+#[test]
+fn loom_a_failing_weighted_claim_never_sheds_a_light_caller_beside_a_free_slot() {
+    loom::model(|| {
+        let table = Arc::new(SlotTable::new(2, HOLD, None));
+        let waiters = Arc::new(Waiters::default());
+        let heavy = {
+            let (table, waiters) = (table.clone(), waiters.clone());
+            thread::spawn(move || waiters.claim_behind_parked(&table, 1, 2).is_some())
+        };
+        let first = {
+            let (table, waiters) = (table.clone(), waiters.clone());
+            thread::spawn(move || fast_claim(&table, &waiters).is_some())
+        };
+        let second = fast_claim(&table, &waiters).is_some();
+        let heavy = heavy.join().unwrap();
+        let first = first.join().unwrap();
+        if !heavy {
+            // The heavy claim lost a slot to a light caller and gave back
+            // what it took: both light callers fit in the two slots.
+            assert!(
+                first && second,
+                "a light caller was shed beside a free slot: {first} {second} {}",
+                table.held(1)
+            );
+        }
+    });
+}

@@ -4,13 +4,13 @@
 
 #[cfg(not(tower_inflight_loom))]
 pub(crate) use std::sync::{
-    atomic::{AtomicU64, AtomicUsize, Ordering},
+    atomic::{fence, AtomicU64, AtomicUsize, Ordering},
     Arc, Mutex, MutexGuard,
 };
 
 #[cfg(tower_inflight_loom)]
 pub(crate) use loom::sync::{
-    atomic::{AtomicU64, AtomicUsize, Ordering},
+    atomic::{fence, AtomicU64, AtomicUsize, Ordering},
     Arc, Mutex, MutexGuard,
 };
 

@@ -17,18 +17,24 @@ use crate::clock::Clock;
 use crate::error::ShedReason;
 use crate::line::{Line, Place, QueueOrder};
 use crate::slots::{Claim, SlotTable};
-use crate::sync::{lock, loom_seqcst_fence, Arc, AtomicUsize, Mutex, Ordering};
+use crate::sync::{fence, lock, loom_seqcst_fence, Arc, AtomicU64, Mutex, Ordering};
 use std::task::{Context, Poll, Waker};
 
-/// Set in `parked` once the bulkhead is closed, so that the fast path's one
-/// load sees it: every arrival then takes the slow path and is refused.
-const CLOSED: usize = 1 << (usize::BITS - 1);
+/// The word the fast path reads: how many callers are parked (low 32 bits),
+/// how many weighted claims have begun or ended (the next 31, odd while one
+/// is under way), and whether the bulkhead is closed (the top bit). Every
+/// arrival takes the slow path while any of them is set, and is refused
+/// once the bulkhead is closed.
+const PARKED: u64 = (1 << 32) - 1;
+const WEIGHTED_ONE: u64 = 1 << 32;
+const WEIGHTED: u64 = ((1 << 31) - 1) << 32;
+const CLOSED: u64 = 1 << 63;
 
 #[derive(Debug, Default)]
 pub(crate) struct Waiters {
-    /// How many nodes in `queue` are `Parked` (and `CLOSED`). Written only
-    /// under the lock.
-    parked: AtomicUsize,
+    /// How many nodes in `queue` are `Parked`, the count of weighted
+    /// claims, and `CLOSED` (see `PARKED`). Written only under the lock.
+    parked: AtomicU64,
     queue: Mutex<Line<Arc<Node>>>,
 }
 
@@ -109,7 +115,7 @@ impl Node {
 impl Waiters {
     pub(crate) fn new(order: QueueOrder) -> Self {
         Self {
-            parked: AtomicUsize::new(0),
+            parked: AtomicU64::new(0),
             queue: Mutex::new(Line::new(order)),
         }
     }
@@ -118,13 +124,34 @@ impl Waiters {
     /// caller that misses a parked neighbour arrived, in effect, before it.
     #[inline]
     pub(crate) fn parked(&self) -> usize {
-        self.parked.load(Ordering::Relaxed) & !CLOSED
+        (self.parked.load(Ordering::Relaxed) & PARKED) as usize
     }
 
-    /// Nobody parked and not closed: the fast path may go ahead.
-    #[inline]
-    pub(crate) fn quiet(&self) -> bool {
-        self.parked.load(Ordering::Relaxed) == 0
+    /// Nobody parked, not closed, and no weighted claim under way: the fast
+    /// path may go ahead. Returns the word read, for [`unchanged`](Self::unchanged).
+    ///
+    /// `Acquire`: a word that shows a weighted claim ended (its count raised
+    /// a second time, with a release) shows, too, the slots it gave back, so
+    /// the scan that follows cannot find them still taken. (On x86 it is the
+    /// same plain load as `Relaxed`.)
+    #[inline(always)]
+    pub(crate) fn calm(&self) -> Option<u64> {
+        let seen = self.parked.load(Ordering::Acquire);
+        (seen & (PARKED | WEIGHTED_ONE | CLOSED) == 0).then_some(seen)
+    }
+
+    /// After the fast path found every slot held: whether the word is still
+    /// what [`calm`](Self::calm) read, so that no weighted claim began or
+    /// ended meanwhile, and every slot the scan saw held really was (not
+    /// taken for a weighted claim that is giving it back).
+    ///
+    /// The `Acquire` fence pairs with the release half of the weighted
+    /// claim's compare-and-exchange on a slot: a scan that saw a slot taken
+    /// for it then sees the count it raised before taking it.
+    #[inline(always)]
+    pub(crate) fn unchanged(&self, seen: u64) -> bool {
+        fence(Ordering::Acquire);
+        self.parked.load(Ordering::Relaxed) == seen
     }
 
     pub(crate) fn is_closed(&self) -> bool {
@@ -133,7 +160,31 @@ impl Waiters {
 
     #[inline]
     fn count(&self) -> usize {
-        self.parked.load(Ordering::SeqCst) & !CLOSED
+        (self.parked.load(Ordering::SeqCst) & PARKED) as usize
+    }
+
+    /// Claims `weight` slots for a caller, under the line's lock. A weighted
+    /// claim takes its slots one at a time and gives them back if it cannot
+    /// have them all: the count of weighted claims, raised before and after,
+    /// sends a caller on the fast path that found every slot held here, to
+    /// wait on the lock for the claim to end rather than be shed beside
+    /// slots about to come free.
+    fn claim(&self, slots: &SlotTable, now: u64, weight: usize) -> Option<Claim> {
+        if weight <= 1 {
+            return slots.try_claim_weighted(now, weight, Ordering::SeqCst);
+        }
+        self.count_weighted_claim();
+        let claim = slots.try_claim_weighted(now, weight, Ordering::SeqCst);
+        self.count_weighted_claim();
+        claim
+    }
+
+    fn count_weighted_claim(&self) {
+        let _ = self
+            .parked
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |word| {
+                Some((word & !WEIGHTED) | (word.wrapping_add(WEIGHTED_ONE) & WEIGHTED))
+            });
     }
 
     /// How many callers of each priority are parked now.
@@ -228,9 +279,9 @@ impl Waiters {
         let mut woken = WakeList::default();
         let mut queue = lock(&self.queue);
         self.dispatch(&mut queue, slots, now, &mut woken);
-        if self.parked.load(Ordering::SeqCst) == 0 {
+        if self.parked.load(Ordering::SeqCst) & (PARKED | CLOSED) == 0 {
             // Nobody parked, and not closed.
-            slots.try_claim_weighted(now, weight, Ordering::SeqCst)
+            self.claim(slots, now, weight)
         } else {
             None
         }
@@ -255,7 +306,7 @@ impl Waiters {
         self.dispatch(&mut queue, slots, now, &mut woken);
         let parked = self.count();
         if parked == 0 {
-            if let Some(claim) = slots.try_claim_weighted(now, weight, Ordering::SeqCst) {
+            if let Some(claim) = self.claim(slots, now, weight) {
                 return Arrival::Admitted(claim);
             }
         }
@@ -292,7 +343,7 @@ impl Waiters {
         while self.count() > 0 {
             let Some((place, head)) = queue.peek_next(self.count()) else {
                 // `parked` and the queue disagree; never strand a caller's count.
-                self.parked.fetch_and(CLOSED, Ordering::SeqCst);
+                self.parked.fetch_and(!PARKED, Ordering::SeqCst);
                 break;
             };
             if !head.is_parked() {
@@ -301,7 +352,7 @@ impl Waiters {
                 continue;
             }
             let weight = head.weight;
-            let Some(claim) = slots.try_claim_weighted(now, weight, Ordering::SeqCst) else {
+            let Some(claim) = self.claim(slots, now, weight) else {
                 break;
             };
             // The very entry seen, even if a custom order would now pick another.
