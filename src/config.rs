@@ -1,12 +1,12 @@
 //! A bulkhead's configuration and its validation.
 
-use crate::bytes::MAX_BYTES;
-use crate::clock::{max_reclaim_after, ManualClock};
-use crate::codel::CodelSettings;
-use crate::event::{Event, Hook};
-use crate::line::QueueOrder;
-use crate::saturation::Thresholds;
+use crate::bulkhead::{max_reclaim_after, ManualClock};
+use crate::observe::{Event, Hook};
+use crate::slots::MAX_BYTES;
 use crate::slots::MAX_SLOTS;
+use crate::wait::CodelSettings;
+use crate::wait::QueueOrder;
+use crate::wait::Thresholds;
 use std::{fmt, sync::Arc, time::Duration};
 
 /// How a bulkhead behaves: its limit, when an abandoned slot is reclaimed, and

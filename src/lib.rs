@@ -113,51 +113,32 @@
 
 #![forbid(unsafe_code)]
 
-mod acquire;
 mod bulkhead;
-mod bytes;
-mod classified;
-mod clock;
-mod codel;
 mod config;
 mod error;
-mod event;
-mod future;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
-mod layer;
-mod line;
 #[cfg(all(test, tower_inflight_loom))]
 mod loom_models;
-#[cfg(feature = "metrics")]
-mod metrics;
 mod observe;
-mod permit;
-mod readiness;
-mod refusals;
-mod saturation;
-mod service;
 mod slots;
-mod status;
 mod sync;
 mod ticket;
-mod waiters;
+mod tower;
+mod wait;
 
-pub use acquire::Acquire;
-pub use bulkhead::{Bulkhead, DrainTimedOut};
-pub use classified::{Classified, ClassifiedFuture, ClassifiedLayer};
-pub use clock::ManualClock;
+pub use bulkhead::{
+    Acquire, BorrowedPermit, Bulkhead, ByteReservation, DrainTimedOut, ManualClock, Permit,
+};
 pub use config::{Config, ConfigError};
 pub use error::{ServiceSaturated, ShedReason};
-pub use event::Event;
-pub use future::ResponseFuture;
-pub use layer::ConcurrencyLayer;
-pub use line::{Comparator, QueueOrder, WaitingCall};
-pub use permit::{BorrowedPermit, ByteReservation, Permit};
-pub use service::Concurrency;
-pub use status::{Status, Totals, Window};
+pub use observe::{Event, Status, Totals, Window};
 pub use ticket::Ticket;
+pub use tower::{
+    Classified, ClassifiedFuture, ClassifiedLayer, Concurrency, ConcurrencyLayer, ResponseFuture,
+};
+pub use wait::{Comparator, QueueOrder, WaitingCall};
 
 /// The error type of [`Concurrency`]: the inner service's error, or
 /// [`ServiceSaturated`], boxed.

@@ -6,10 +6,10 @@
 //! RUSTFLAGS="--cfg tower_inflight_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --lib loom
 //! ```
 
-use crate::clock::{Clock, ManualClock};
+use crate::bulkhead::{Clock, ManualClock};
 use crate::slots::SlotTable;
 use crate::sync::{Arc, AtomicUsize, Ordering};
-use crate::waiters::{Arrival, Waiters};
+use crate::wait::{Arrival, Waiters};
 use loom::thread;
 
 const HOLD: u64 = 10;

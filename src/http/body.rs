@@ -1,6 +1,6 @@
 //! The response body, which holds the call's slot until it ends.
 
-use crate::permit::Permit;
+use crate::bulkhead::Permit;
 use crate::sync::{lock, Arc, Mutex};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};

@@ -1,6 +1,6 @@
 //! The byte reservation a request carries in its extensions.
 
-use crate::permit::{ByteReservation, Permit};
+use crate::bulkhead::{ByteReservation, Permit};
 use crate::sync::{lock, Arc, Mutex};
 use std::fmt;
 

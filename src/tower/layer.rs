@@ -1,10 +1,10 @@
 //! The tower layer.
 
 use crate::bulkhead::Bulkhead;
-use crate::classified::ClassifiedLayer;
 use crate::config::{Config, ConfigError};
-use crate::service::Concurrency;
 use crate::ticket::Ticket;
+use crate::tower::ClassifiedLayer;
+use crate::tower::Concurrency;
 use tower_layer::Layer;
 
 /// Wraps services in a [`Concurrency`] bulkhead.

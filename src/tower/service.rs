@@ -1,8 +1,8 @@
 //! The tower service.
 
 use crate::bulkhead::Bulkhead;
-use crate::future::ResponseFuture;
-use crate::readiness::Readiness;
+use crate::tower::Readiness;
+use crate::tower::ResponseFuture;
 use crate::BoxError;
 use std::fmt;
 use std::task::{ready, Context, Poll};

@@ -1,11 +1,11 @@
 //! What `poll_ready` decides and `call` acts on, shared by the tower and the
 //! HTTP services so that both keep the same contract.
 
-use crate::acquire::Acquire;
+use crate::bulkhead::Acquire;
 use crate::bulkhead::Bulkhead;
 use crate::bulkhead::Shared;
+use crate::bulkhead::{Granted, Permit};
 use crate::error::{ServiceSaturated, ShedReason};
-use crate::permit::{Granted, Permit};
 use crate::slots::Claim;
 use crate::ticket::Ticket;
 use pin_project_lite::pin_project;

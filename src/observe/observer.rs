@@ -3,9 +3,9 @@
 //! Every event passes through here, so each is described once.
 
 use crate::error::ShedReason;
-use crate::event::{Event, Hook};
-use crate::refusals::Refusals;
-use crate::status::{Rollups, Totals};
+use crate::observe::Refusals;
+use crate::observe::{Event, Hook};
+use crate::observe::{Rollups, Totals};
 use crate::sync::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -20,7 +20,7 @@ pub(crate) struct Observer {
     wait_nanos: AtomicU64,
     pub(crate) rollups: Rollups,
     #[cfg(feature = "metrics")]
-    metrics: crate::metrics::Metrics,
+    metrics: crate::observe::Metrics,
     #[cfg(feature = "tracing")]
     service: std::sync::Arc<str>,
     #[cfg(feature = "tracing")]
@@ -50,7 +50,7 @@ impl Observer {
             wait_nanos: AtomicU64::new(0),
             rollups,
             #[cfg(feature = "metrics")]
-            metrics: crate::metrics::Metrics::register(service, limit),
+            metrics: crate::observe::Metrics::register(service, limit),
             #[cfg(feature = "tracing")]
             service: service.into(),
             #[cfg(feature = "tracing")]

@@ -1,7 +1,7 @@
 //! The response future.
 
+use crate::bulkhead::Permit;
 use crate::error::ServiceSaturated;
-use crate::permit::Permit;
 use crate::BoxError;
 use pin_project_lite::pin_project;
 use std::fmt;

@@ -13,11 +13,11 @@
 //! unlocked, as tokio's semaphore does: a task woken under the lock may run
 //! at once on another thread and go straight for the lock.
 
-use crate::clock::Clock;
+use crate::bulkhead::Clock;
 use crate::error::ShedReason;
-use crate::line::{Line, Place, QueueOrder};
 use crate::slots::{Claim, SlotTable};
 use crate::sync::{fence, lock, loom_seqcst_fence, Arc, AtomicU64, Mutex, Ordering};
+use crate::wait::{Line, Place, QueueOrder};
 use std::task::{Context, Poll, Waker};
 
 /// The word the fast path reads: how many callers are parked (low 32 bits),

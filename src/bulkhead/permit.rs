@@ -2,9 +2,9 @@
 //! given back when dropped.
 
 use crate::bulkhead::Shared;
-use crate::bytes::Share;
 use crate::error::ServiceSaturated;
 use crate::slots::Claim;
+use crate::slots::Share;
 use crate::sync::Arc;
 use std::fmt;
 

@@ -25,7 +25,7 @@
 //! pattern that guarantees either the releaser sees the waiter or the waiter
 //! sees the freed slot, so no caller parks beside a free slot.
 
-use crate::bytes::{ByteBudget, Epoch};
+use crate::slots::{ByteBudget, Epoch};
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 use std::cell::Cell;
 use std::num::NonZeroU64;

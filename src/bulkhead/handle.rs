@@ -1,19 +1,19 @@
 //! The bulkhead: the slot table, the waiter queue and the queries on them.
 
-use crate::acquire::Acquire;
-use crate::bytes::Share;
-use crate::clock::Clock;
-use crate::codel::Codel;
+use crate::bulkhead::Acquire;
+use crate::bulkhead::Clock;
+use crate::bulkhead::{BorrowedPermit, Permit};
 use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::observe::Observer;
-use crate::permit::{BorrowedPermit, Permit};
-use crate::saturation::{SaturationSignal, WaitEnd};
+use crate::observe::{Rollups, Status, Totals};
+use crate::slots::Share;
 use crate::slots::{Claim, SlotTable};
-use crate::status::{Rollups, Status, Totals};
 use crate::sync::{Arc, Ordering};
 use crate::ticket::Ticket;
-use crate::waiters::Waiters;
+use crate::wait::Codel;
+use crate::wait::Waiters;
+use crate::wait::{SaturationSignal, WaitEnd};
 use std::fmt;
 use std::time::Duration;
 

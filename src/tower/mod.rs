@@ -1,0 +1,18 @@
+//! The tower middleware: the layer, the service and its response future,
+//! the readiness contract they share with the HTTP service, and the
+//! classified variant that gives each request a ticket.
+//!
+//! Built on the bulkhead's handle and permits; never on the slot table.
+
+mod classified;
+mod future;
+mod layer;
+mod readiness;
+mod service;
+
+pub use classified::{Classified, ClassifiedFuture, ClassifiedLayer};
+pub use future::ResponseFuture;
+pub use layer::ConcurrencyLayer;
+pub use service::Concurrency;
+
+pub(crate) use readiness::{admit, Parked, Readiness, TicketAdmission};
