@@ -2,11 +2,8 @@
 
 use crate::bulkhead::{max_reclaim_after, ManualClock};
 use crate::observe::{Event, Hook};
-use crate::slots::MAX_BYTES;
-use crate::slots::MAX_SLOTS;
-use crate::wait::CodelSettings;
-use crate::wait::QueueOrder;
-use crate::wait::Thresholds;
+use crate::slots::{MAX_BYTES, MAX_SLOTS};
+use crate::wait::{CodelSettings, QueueOrder, Thresholds};
 use std::{fmt, sync::Arc, time::Duration};
 
 /// How a bulkhead behaves: its limit, when an abandoned slot is reclaimed, and

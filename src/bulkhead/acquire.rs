@@ -1,12 +1,10 @@
 //! The future of a caller that may wait for a slot.
 
-use crate::bulkhead::Shared;
-use crate::bulkhead::{Granted, Permit};
+use crate::bulkhead::{Granted, Permit, Shared};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::sync::Arc;
 use crate::ticket::Ticket;
-use crate::wait::{Arrival, Node};
-use crate::wait::{SaturationSignal, Verdict, WaitEnd};
+use crate::wait::{Arrival, Node, SaturationSignal, Verdict, WaitEnd};
 use pin_project_lite::pin_project;
 use std::fmt;
 use std::future::Future;

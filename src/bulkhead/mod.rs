@@ -10,6 +10,7 @@ mod acquire;
 mod clock;
 mod handle;
 mod permit;
+mod shared;
 
 pub use acquire::Acquire;
 pub use clock::ManualClock;
@@ -17,5 +18,5 @@ pub use handle::{Bulkhead, DrainTimedOut};
 pub use permit::{BorrowedPermit, ByteReservation, Permit};
 
 pub(crate) use clock::{max_reclaim_after, Clock};
-pub(crate) use handle::Shared;
 pub(crate) use permit::Granted;
+pub(crate) use shared::Shared;

@@ -3,8 +3,7 @@
 
 use crate::bulkhead::Shared;
 use crate::error::ServiceSaturated;
-use crate::slots::Claim;
-use crate::slots::Share;
+use crate::slots::{Claim, Share};
 use crate::sync::Arc;
 use std::fmt;
 

@@ -3,9 +3,7 @@
 //! Every event passes through here, so each is described once.
 
 use crate::error::ShedReason;
-use crate::observe::Refusals;
-use crate::observe::{Event, Hook};
-use crate::observe::{Rollups, Totals};
+use crate::observe::{Event, Hook, Refusals, Rollups, Totals};
 use crate::sync::{AtomicU64, Ordering};
 use std::time::Duration;
 

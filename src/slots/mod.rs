@@ -5,7 +5,11 @@
 //! reclaims slots, and records the bytes each holder reserved.
 
 mod budget;
+mod bytes;
+mod claim;
 mod table;
+mod weighted;
 
 pub(crate) use budget::{ByteBudget, Epoch, Share, MAX_BYTES};
-pub(crate) use table::{Claim, SlotTable, MAX_DEADLINE, MAX_SLOTS};
+pub(crate) use claim::Claim;
+pub(crate) use table::{SlotTable, MAX_DEADLINE, MAX_SLOTS};

@@ -1,10 +1,8 @@
 //! The tower layer whose calls carry a [`Ticket`] chosen from the request.
 
-use crate::bulkhead::Bulkhead;
-use crate::bulkhead::Permit;
+use crate::bulkhead::{Bulkhead, Permit};
 use crate::ticket::Ticket;
-use crate::tower::ResponseFuture;
-use crate::tower::{admit, Parked, TicketAdmission};
+use crate::tower::{admit, Parked, ResponseFuture, TicketAdmission};
 use crate::BoxError;
 use pin_project_lite::pin_project;
 use std::fmt;

@@ -3,8 +3,7 @@
 use crate::bulkhead::Bulkhead;
 use crate::config::{Config, ConfigError};
 use crate::ticket::Ticket;
-use crate::tower::ClassifiedLayer;
-use crate::tower::Concurrency;
+use crate::tower::{ClassifiedLayer, Concurrency};
 use tower_layer::Layer;
 
 /// Wraps services in a [`Concurrency`] bulkhead.

@@ -4,6 +4,7 @@
 //!
 //! Built on the bulkhead's handle and permits; never on the slot table.
 
+mod admission;
 mod classified;
 mod future;
 mod layer;
@@ -15,4 +16,5 @@ pub use future::ResponseFuture;
 pub use layer::ConcurrencyLayer;
 pub use service::Concurrency;
 
-pub(crate) use readiness::{admit, Parked, Readiness, TicketAdmission};
+pub(crate) use admission::{admit, Parked, TicketAdmission};
+pub(crate) use readiness::Readiness;

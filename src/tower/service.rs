@@ -1,8 +1,7 @@
 //! The tower service.
 
 use crate::bulkhead::Bulkhead;
-use crate::tower::Readiness;
-use crate::tower::ResponseFuture;
+use crate::tower::{Readiness, ResponseFuture};
 use crate::BoxError;
 use std::fmt;
 use std::task::{ready, Context, Poll};

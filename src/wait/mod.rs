@@ -7,10 +7,11 @@
 
 mod codel;
 mod line;
+mod order;
 mod saturation;
 mod waiters;
 
-pub use line::{Comparator, QueueOrder, WaitingCall};
+pub use order::{Comparator, QueueOrder, WaitingCall};
 
 pub(crate) use codel::{Codel, CodelSettings};
 pub(crate) use line::{Line, Place};

@@ -1,0 +1,330 @@
+//! The state every clone of a bulkhead shares, and what is done with it:
+//! the claim path (the fast path first), admission and its bookkeeping, the
+//! turn of the minute for the status windows, byte reservation, and
+//! refusals.
+
+use crate::bulkhead::{Clock, Permit};
+use crate::config::{Config, ConfigError};
+use crate::error::{ServiceSaturated, ShedReason};
+use crate::observe::{Observer, Rollups, Totals};
+use crate::slots::{Claim, Share, SlotTable};
+use crate::sync::{Arc, Ordering};
+use crate::wait::{Codel, SaturationSignal, WaitEnd, Waiters};
+use std::time::Duration;
+
+// Aligned to a cache line so that the `Arc`'s reference counts, which every
+// owned permit writes, share no line with the slot table's pointer and the
+// other fields every claim reads.
+#[repr(align(64))]
+pub(crate) struct Shared {
+    pub(super) slots: SlotTable,
+    pub(super) clock: Clock,
+    pub(super) waiters: Waiters,
+    pub(super) observer: Observer,
+    pub(super) saturation: Option<SaturationSignal>,
+    pub(super) codel: Option<Codel>,
+    pub(super) config: Config,
+}
+
+impl Shared {
+    /// The state of a bulkhead built from `config`, or the field at fault.
+    pub(super) fn new(config: Config) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let clock = match &config.clock {
+            Some(manual) => Clock::Manual(manual.clone()),
+            None => Clock::system(),
+        };
+        let hold = clock.hold(config.reclaim_after).ok_or_else(|| {
+            // `validate` refuses these already; never build a table whose
+            // holds are cut short.
+            ConfigError::new(
+                "reclaim_after",
+                "is over the longest hold a slot can date".into(),
+            )
+        })?;
+        let rollups = Rollups::new(clock.ticks_per_minute(), clock.now() - 1);
+        let observer = Observer::new(
+            config.name.as_deref(),
+            config.limit,
+            config.on_event.clone(),
+            rollups,
+        );
+        Ok(Shared {
+            slots: SlotTable::new(config.limit, hold, config.max_bytes),
+            clock,
+            waiters: Waiters::new(config.queue_order.clone()),
+            observer,
+            saturation: config.saturation_signal.map(SaturationSignal::new),
+            codel: config.codel.map(Codel::new),
+            config,
+        })
+    }
+}
+
+impl Shared {
+    /// A slot for a caller that may not wait, or the refusal made a
+    /// [`ServiceSaturated`], on one clock read.
+    #[inline(always)]
+    pub(crate) fn claim_or_shed(&self) -> Result<Claim, ServiceSaturated> {
+        let now = self.clock.now();
+        self.try_claim_at(now)
+            .map_err(|reason| self.saturated_at(reason, now))
+    }
+
+    /// The fast path: one load to see that nobody is parked (and that the
+    /// bulkhead is open), one compare-and-exchange on a free slot.
+    // `always`: the claim must reach the permit in registers; a call here
+    // returns it through memory, and the reload stalls (see the README's
+    // Performance).
+    #[inline(always)]
+    fn try_claim_at(&self, now: u64) -> Result<Claim, ShedReason> {
+        if let Some(seen) = self.waiters.calm() {
+            if let Some(claim) = self.slots.try_claim(now, Ordering::Relaxed) {
+                return Ok(claim);
+            }
+            // Nobody parked meanwhile, and no weighted claim was taking
+            // slots it may give back: every slot seen held was held.
+            if self.waiters.unchanged(seen) {
+                return Err(ShedReason::LimitReached);
+            }
+        }
+        self.claim_behind_parked(now, 1)
+    }
+
+    /// [`try_claim_at`](Self::try_claim_at) for `weight` slots at once, at `now`
+    /// (read by the caller, so that a refusal can reuse it).
+    #[inline(always)]
+    pub(crate) fn try_claim_weighted(&self, weight: usize, now: u64) -> Result<Claim, ShedReason> {
+        if weight == 1 {
+            self.try_claim_at(now)
+        } else {
+            self.try_claim_heavy(weight, now)
+        }
+    }
+
+    /// Under the waiter queue's lock: a weighted claim that has to give
+    /// back the slots it took frees them where no caller can park unseen.
+    fn try_claim_heavy(&self, weight: usize, now: u64) -> Result<Claim, ShedReason> {
+        if weight == 0 || weight > self.slots.len() {
+            return Err(ShedReason::InvalidWeight);
+        }
+        self.claim_behind_parked(now, weight)
+    }
+
+    fn claim_behind_parked(&self, now: u64, weight: usize) -> Result<Claim, ShedReason> {
+        if self.waiters.is_closed() {
+            return Err(ShedReason::Closed);
+        }
+        self.waiters
+            .claim_behind_parked(&self.slots, now, weight)
+            .ok_or(ShedReason::LimitReached)
+    }
+
+    /// Called for every permit made, in `Permit::new`.
+    #[inline(always)]
+    pub(crate) fn admitted(&self, claim: &Claim) {
+        if claim.reclaimed() || claim.sample() {
+            self.admitted_rarely(claim);
+        }
+        let at = self.slots.claimed_at(claim);
+        if self.observer.rollups.minute_turned(at.saturating_sub(1)) {
+            self.turn_minute(at, 1);
+        }
+        // Reclaimed slots were counted as held already.
+        self.observer
+            .admitted(claim.weight() - claim.reclaimed_slots());
+    }
+
+    /// Records the totals as they were when the minute of `now` began, that
+    /// is, less the `new_admissions` that noticed the minute had turned.
+    #[cold]
+    fn turn_minute(&self, now: u64, new_admissions: u64) {
+        let mut totals = self.totals();
+        totals.admitted -= new_admissions.min(totals.admitted);
+        self.observer
+            .rollups
+            .turn(now.saturating_sub(1), totals, self.slots.held(now));
+    }
+
+    #[cold]
+    fn admitted_rarely(&self, claim: &Claim) {
+        if claim.reclaimed() {
+            self.observer.reclaimed(claim.reclaimed_slots());
+            self.observer.bytes(|| self.slots.bytes_reserved());
+        }
+        if claim.sample() {
+            let at = self.slots.claimed_at(claim);
+            self.observer.rollups.see_in_flight(self.slots.held(at));
+        }
+    }
+
+    /// The holder of `claim` gives it back (in `Permit::drop`).
+    #[inline(always)]
+    pub(crate) fn release_permit(&self, claim: &Claim) {
+        let freed = self.slots.release(claim);
+        if freed > 0 {
+            // The hold time costs a clock read: only sampled claims pay it,
+            // and only for the metrics that record it.
+            let held = (cfg!(feature = "metrics") && claim.sample()).then(|| {
+                let held = self
+                    .clock
+                    .now()
+                    .saturating_sub(self.slots.claimed_at(claim));
+                self.clock.duration(held)
+            });
+            self.observer.released(held, freed);
+        }
+        // The clock is read only if somebody is parked.
+        self.waiters.after_release(&self.slots, &self.clock);
+    }
+
+    /// Makes `claim` a permit that holds `bytes` of the byte budget too, or
+    /// gives the claim back unused and sheds with [`ShedReason::Bytes`]: a
+    /// call refused for its bytes is never counted as admitted. Without a
+    /// byte budget, or for no bytes, the permit alone.
+    #[inline(always)]
+    pub(crate) fn permit(
+        shared: &Arc<Shared>,
+        claim: Claim,
+        bytes: u64,
+    ) -> Result<Permit, ServiceSaturated> {
+        if bytes == 0 || shared.config.max_bytes.is_none() {
+            return Ok(Permit::new(shared.clone(), claim));
+        }
+        Self::permit_with_bytes(shared, claim, bytes)
+    }
+
+    fn permit_with_bytes(
+        shared: &Arc<Shared>,
+        claim: Claim,
+        bytes: u64,
+    ) -> Result<Permit, ServiceSaturated> {
+        let mut reserved = shared.slots.reserve_bytes(&claim, bytes);
+        if reserved.is_none() && shared.slots.recover_expired_bytes(shared.clock.now()) {
+            // Bytes of holders that vanished were what filled the budget.
+            reserved = shared.slots.reserve_bytes(&claim, bytes);
+            // Their slots, expired, are free: hand them to whoever is parked
+            // rather than leave them until the next release.
+            shared.waiters.after_release(&shared.slots, &shared.clock);
+        }
+        shared.observer.bytes(|| shared.slots.bytes_reserved());
+        match reserved {
+            Some(epoch) => {
+                let share = Share::new(bytes, epoch);
+                Ok(Permit::with_share(shared.clone(), claim, share))
+            }
+            None => {
+                shared.give_back_unused(&claim);
+                Err(shared.saturated(ShedReason::Bytes))
+            }
+        }
+    }
+
+    /// Gives back a claim that never became a permit (its caller went away,
+    /// or its bytes did not fit), and hands its slots on. It is not counted
+    /// as admitted; its reclaims count as any claim's do, and the slots they
+    /// had counted as held are counted out.
+    pub(crate) fn give_back_unused(&self, claim: &Claim) {
+        let freed = self.slots.release(claim);
+        self.waiters.after_release(&self.slots, &self.clock);
+        self.observer.unused(claim.reclaimed_slots(), freed);
+    }
+
+    pub(super) fn totals(&self) -> Totals {
+        self.observer.totals(self.slots.claims())
+    }
+
+    pub(crate) fn observer(&self) -> &Observer {
+        &self.observer
+    }
+
+    pub(crate) fn saturation(&self) -> Option<&SaturationSignal> {
+        self.saturation.as_ref()
+    }
+
+    /// The wait budget of a caller about to park: `wait`, or CoDel's
+    /// target while the line stands.
+    pub(crate) fn wait_budget(&self, wait: Duration) -> Duration {
+        match &self.codel {
+            Some(codel) => codel.budget(wait, self.waiters.parked()),
+            None => wait,
+        }
+    }
+
+    /// A wait ended (`probe`: the saturation signal's probe): the signal
+    /// counts it, and if the line is empty now, CoDel's interval restarts.
+    pub(crate) fn wait_ended(&self, end: WaitEnd, probe: bool) {
+        self.signal_wait_ended(end, probe);
+        if let Some(codel) = &self.codel {
+            codel.seen(self.waiters.parked());
+        }
+    }
+
+    /// The saturation signal counts a wait that ended (or, for a probe that
+    /// never parked, a slot found or a refusal), and reports a change.
+    pub(crate) fn signal_wait_ended(&self, end: WaitEnd, probe: bool) {
+        if let Some(signal) = &self.saturation {
+            if let Some(raised) = signal.wait_ended(end, probe) {
+                self.observer.saturation_signal(raised);
+            }
+        }
+    }
+
+    /// Whether a caller arriving now would be admitted without waiting.
+    pub(crate) fn has_room(&self) -> bool {
+        self.waiters.parked() == 0 && self.slots.any_free(self.clock.now())
+    }
+
+    /// The error for a call shed now (and the record of it).
+    pub(crate) fn saturated(&self, reason: ShedReason) -> ServiceSaturated {
+        self.saturated_at(reason, self.clock.now())
+    }
+
+    /// [`saturated`](Self::saturated) at `now`, already read.
+    #[cold]
+    pub(crate) fn saturated_at(&self, reason: ShedReason, now: u64) -> ServiceSaturated {
+        if self.observer.rollups.minute_turned(now - 1) {
+            self.turn_minute(now, 0);
+        }
+        if reason.is_for_want_of_a_slot() {
+            self.see_in_flight_when_refused(|| now);
+        }
+        ServiceSaturated::new(
+            self.observer.rejected(reason),
+            self.config.limit,
+            reason,
+            self.config.retry_after,
+        )
+    }
+
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// A caller was refused a slot, or parked: the slots held then are a
+    /// candidate for the minute's in-flight peak. Not always every slot:
+    /// with weights, slots too few for a weight, or set aside for a
+    /// weighted caller at the head of the line, stand free. They are
+    /// counted (and `now` read) only while the peak is below the limit:
+    /// once it is the limit, nothing can raise it, so sheds under overload
+    /// do not scan the table twice.
+    pub(crate) fn see_in_flight_when_refused(&self, now: impl FnOnce() -> u64) {
+        let rollups = &self.observer.rollups;
+        if rollups.peak_below(self.slots.len()) {
+            rollups.see_in_flight(self.slots.held(now()));
+        }
+    }
+
+    pub(crate) fn waiters(&self) -> &Waiters {
+        &self.waiters
+    }
+
+    pub(crate) fn slots(&self) -> &SlotTable {
+        &self.slots
+    }
+
+    #[inline]
+    pub(crate) fn now(&self) -> u64 {
+        self.clock.now()
+    }
+}

@@ -1,0 +1,188 @@
+//! The bytes each holder reserved, recorded on its slot and tagged with the
+//! holder's generation, so that when a vanished holder's slot is reclaimed
+//! its bytes come back with it, and a holder that is merely late finds its
+//! record gone and gives back nothing twice.
+
+use crate::slots::table::{deadline, generation, SlotTable, GENERATION_BITS};
+use crate::slots::{ByteBudget, Claim, Epoch};
+use crate::sync::Ordering;
+
+impl SlotTable {
+    /// Reserves `bytes` of the budget for the holder of `claim` and records
+    /// them on its slot. `None` if they do not fit (or there is no budget).
+    pub(crate) fn reserve_bytes(&self, claim: &Claim, bytes: u64) -> Option<Epoch> {
+        let epoch = self.budget.as_ref()?.reserve(bytes)?;
+        let record = (bytes << GENERATION_BITS) | generation(claim.word());
+        self.slots[claim.index()]
+            .bytes
+            .store(record, Ordering::SeqCst);
+        Some(epoch)
+    }
+
+    /// The holder of `claim` takes its `bytes` off its slot's record, to give
+    /// them back or to hold them apart from the slot. `false` if they are no
+    /// longer there: a reclaim or a reset has already given them back.
+    pub(crate) fn unrecord_bytes(&self, claim: &Claim, bytes: u64) -> bool {
+        let record = (bytes << GENERATION_BITS) | generation(claim.word());
+        self.slots[claim.index()]
+            .bytes
+            .compare_exchange(
+                record,
+                generation(claim.word()),
+                Ordering::SeqCst,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
+    pub(crate) fn give_back_bytes(&self, bytes: u64, epoch: Epoch) {
+        if let Some(budget) = &self.budget {
+            budget.give_back(bytes, epoch);
+        }
+    }
+
+    pub(crate) fn bytes_reserved(&self) -> u64 {
+        self.budget.as_ref().map_or(0, ByteBudget::reserved)
+    }
+
+    /// After `claim` took a slot whose holder vanished: gives back the bytes
+    /// that holder had recorded.
+    #[cold]
+    pub(super) fn recover_abandoned_bytes(&self, claim: &Claim) {
+        self.give_back_recorded_bytes(claim.index(), claim.word());
+    }
+
+    /// After slot `index` was rewritten to `word` (a new generation) over a
+    /// holder that vanished: gives back the bytes that holder had recorded.
+    pub(super) fn give_back_recorded_bytes(&self, index: usize, word: u64) {
+        let Some(budget) = &self.budget else { return };
+        let record = self.slots[index]
+            .bytes
+            .swap(generation(word), Ordering::SeqCst);
+        let abandoned = record >> GENERATION_BITS;
+        if abandoned != 0 && generation(record) != generation(word) {
+            budget.give_back_abandoned(abandoned);
+        }
+    }
+
+    /// Gives back the bytes of every holder that kept its slot past its
+    /// deadline; returns whether any came back.
+    ///
+    /// A claim recovers an expired holder's bytes only when it lands on that
+    /// very slot, and a free slot earlier in a caller's scan may always be
+    /// taken first: so when the budget looks spent, this looks for such bytes
+    /// everywhere before a call is shed for them.
+    ///
+    /// It takes the holder's record (tagged with the holder's generation)
+    /// and leaves the slot's word alone. Taking the record with a
+    /// compare-and-exchange is what makes the bytes come back exactly once:
+    /// if a claimer takes the slot meanwhile, its own swap of the record
+    /// either came first (and gave the bytes back) or finds the record
+    /// emptied; a record the new holder stores has its generation, so it
+    /// never matches. The slot, expired already, is free for anyone; the
+    /// claim that takes it counts it as reclaimed, so the count of reclaims
+    /// and of slots held stay one with the table. The late holder finds its
+    /// record gone and gives back nothing.
+    #[cold]
+    pub(crate) fn recover_expired_bytes(&self, now: u64) -> bool {
+        let Some(budget) = &self.budget else {
+            return false;
+        };
+        let mut recovered = false;
+        for slot in self.slots.iter() {
+            let word = slot.word.load(Ordering::SeqCst);
+            let until = deadline(word);
+            if until == 0 || until > now {
+                continue;
+            }
+            let record = slot.bytes.load(Ordering::SeqCst);
+            let abandoned = record >> GENERATION_BITS;
+            if abandoned == 0 || generation(record) != generation(word) {
+                continue;
+            }
+            if slot
+                .bytes
+                .compare_exchange(
+                    record,
+                    generation(word),
+                    Ordering::SeqCst,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+            {
+                budget.give_back_abandoned(abandoned);
+                recovered = true;
+            }
+        }
+        recovered
+    }
+}
+
+#[cfg(all(test, not(tower_inflight_loom)))]
+mod tests {
+    use super::*;
+
+    const HOLD: u64 = 100;
+
+    #[test]
+    fn reclaiming_a_slot_gives_back_the_bytes_its_holder_recorded() {
+        let table = SlotTable::new(1, HOLD, Some(1000));
+        let old = table.try_claim(1, Ordering::Relaxed).unwrap();
+        table.reserve_bytes(&old, 800).unwrap();
+        assert_eq!(table.bytes_reserved(), 800);
+        let new = table.try_claim(1 + HOLD, Ordering::Relaxed).unwrap();
+        assert_eq!(table.bytes_reserved(), 0);
+        assert!(
+            !table.unrecord_bytes(&old, 800),
+            "the late holder finds nothing to give back"
+        );
+        table.reserve_bytes(&new, 900).unwrap();
+        assert!(table.unrecord_bytes(&new, 900));
+    }
+
+    #[test]
+    fn expired_bytes_are_found_wherever_their_slot_is() {
+        let table = SlotTable::new(2, HOLD, Some(1000));
+        let leaked = table.try_claim(1, Ordering::Relaxed).unwrap();
+        table.reserve_bytes(&leaked, 800).unwrap();
+        assert!(!table.recover_expired_bytes(HOLD), "not expired yet");
+        assert_eq!(table.bytes_reserved(), 800);
+        assert!(table.recover_expired_bytes(1 + HOLD));
+        assert_eq!(table.bytes_reserved(), 0);
+        assert!(!table.recover_expired_bytes(1 + HOLD), "once only");
+        assert!(
+            !table.unrecord_bytes(&leaked, 800),
+            "the late holder finds nothing"
+        );
+        // The slot itself is left for the next claim, which reclaims it.
+        assert_eq!(table.held(1 + HOLD), 0);
+        let mut reclaimer = None;
+        while let Some(claim) = table.try_claim(1 + HOLD, Ordering::Relaxed) {
+            if claim.index() == leaked.index() {
+                reclaimer = Some(claim);
+            }
+        }
+        assert!(reclaimer.is_some_and(|claim| claim.reclaimed()));
+        assert_eq!(table.bytes_reserved(), 0, "nothing given back twice");
+    }
+
+    #[test]
+    fn a_record_stored_by_the_slot_s_next_holder_is_never_taken() {
+        let table = SlotTable::new(1, HOLD, Some(1000));
+        let leaked = table.try_claim(1, Ordering::Relaxed).unwrap();
+        table.reserve_bytes(&leaked, 600).unwrap();
+        let next = table.try_claim(1 + HOLD, Ordering::Relaxed).unwrap();
+        assert_eq!(
+            table.bytes_reserved(),
+            0,
+            "the claim took the leaked bytes back"
+        );
+        table.reserve_bytes(&next, 700).unwrap();
+        assert!(!table.recover_expired_bytes(1 + HOLD));
+        assert_eq!(table.bytes_reserved(), 700);
+        assert!(
+            table.unrecord_bytes(&next, 700),
+            "its record is still there"
+        );
+    }
+}
