@@ -74,8 +74,8 @@ impl Shared {
     /// The fast path: one load to see that nobody is parked (and that the
     /// bulkhead is open), one compare-and-exchange on a free slot.
     // `always`: the claim must reach the permit in registers; a call here
-    // returns it through memory, and the reload stalls (see the README's
-    // Performance).
+    // returns it through memory, and the reload stalls on the narrower
+    // stores that have just written it (store forwarding).
     #[inline(always)]
     fn try_claim_at(&self, now: u64) -> Result<Claim, ShedReason> {
         if let Some(seen) = self.waiters.calm() {
@@ -120,9 +120,10 @@ impl Shared {
             .ok_or(ShedReason::LimitReached)
     }
 
-    /// Called for every permit made, in `Permit::new`.
+    /// Called for every permit made, just before it is built: `claim` and
+    /// the bytes of `share` (recorded on its slot already) are counted in.
     #[inline(always)]
-    pub(crate) fn admitted(&self, claim: &Claim) {
+    pub(crate) fn admitted(&self, claim: &Claim, share: Share) {
         if claim.reclaimed() || claim.sample() {
             self.admitted_rarely(claim);
         }
@@ -133,6 +134,50 @@ impl Shared {
         // Reclaimed slots were counted as held already.
         self.observer
             .admitted(claim.weight() - claim.reclaimed_slots());
+        if self.observer.has_hook() {
+            self.admitted_events(claim, share);
+        }
+    }
+
+    /// The event hook hears of the admission (and of the slots it
+    /// reclaimed). The permit does not exist yet: if the hook panics, the
+    /// slots and bytes are given back here, as the permit's drop would.
+    #[cold]
+    #[inline(never)]
+    fn admitted_events(&self, claim: &Claim, share: Share) {
+        struct GiveBackOnUnwind<'a> {
+            shared: &'a Shared,
+            claim: Claim,
+            share: Share,
+            armed: bool,
+        }
+        impl Drop for GiveBackOnUnwind<'_> {
+            fn drop(&mut self) {
+                if self.armed {
+                    self.shared.give_back_share(&self.claim, self.share);
+                    self.shared.release_permit(&self.claim);
+                }
+            }
+        }
+        let mut guard = GiveBackOnUnwind {
+            shared: self,
+            claim: *claim,
+            share,
+            armed: true,
+        };
+        self.observer.reclaimed_events(claim.reclaimed_slots());
+        self.observer.admitted_event();
+        guard.armed = false;
+    }
+
+    /// Takes the bytes of `share` off the slot of `claim` and gives them
+    /// back to the budget; nothing if a reclaim or a reset gave them back
+    /// already.
+    pub(crate) fn give_back_share(&self, claim: &Claim, share: Share) {
+        if share.bytes() != 0 && self.slots.unrecord_bytes(claim, share.bytes()) {
+            self.slots.give_back_bytes(share.bytes(), share.epoch());
+            self.observer.bytes(|| self.slots.bytes_reserved());
+        }
     }
 
     /// Records the totals as they were when the minute of `now` began, that
@@ -228,6 +273,7 @@ impl Shared {
         let freed = self.slots.release(claim);
         self.waiters.after_release(&self.slots, &self.clock);
         self.observer.unused(claim.reclaimed_slots(), freed);
+        self.observer.reclaimed_events(claim.reclaimed_slots());
     }
 
     pub(super) fn totals(&self) -> Totals {

@@ -63,11 +63,18 @@ impl Observer {
         }
     }
 
+    /// Whether an event hook was set.
+    #[inline(always)]
+    pub(crate) fn has_hook(&self) -> bool {
+        self.hook.is_some()
+    }
+
     /// A permit was granted, holding `newly_held` slots that were not
-    /// counted as held before (reclaimed ones were).
+    /// counted as held before (reclaimed ones were). Its event is
+    /// [`admitted_event`](Self::admitted_event), apart, since the hook may
+    /// panic before the permit exists.
     #[inline]
     pub(crate) fn admitted(&self, newly_held: usize) {
-        self.emit(Event::Admitted);
         #[cfg(feature = "metrics")]
         {
             self.metrics.admitted.increment(1);
@@ -92,15 +99,28 @@ impl Observer {
         let _ = (held, slots);
     }
 
+    /// The event of an admission.
+    pub(crate) fn admitted_event(&self) {
+        self.emit(Event::Admitted);
+    }
+
+    /// The events of `slots` reclaimed slots, counted by
+    /// [`reclaimed`](Self::reclaimed).
+    pub(crate) fn reclaimed_events(&self, slots: usize) {
+        for _ in 0..slots {
+            self.emit(Event::Reclaimed);
+        }
+    }
+
     /// `slots` slots were taken over from holders that kept them past
-    /// `reclaim_after`: an event and a warning each.
+    /// `reclaim_after`: counted, and a warning each. Their events are
+    /// [`reclaimed_events`](Self::reclaimed_events).
     #[cold]
     pub(crate) fn reclaimed(&self, slots: usize) {
         self.reclaimed.fetch_add(slots as u64, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
         self.metrics.reclaimed.increment(slots as u64);
         for _ in 0..slots {
-            self.emit(Event::Reclaimed);
             #[cfg(feature = "tracing")]
             tracing::warn!(
                 service = %self.service,
