@@ -87,21 +87,24 @@ impl Clock {
     /// never reached.
     #[inline]
     pub(crate) fn now(&self) -> u64 {
-        let ticks = match self {
+        match self {
             Clock::Coarse { epoch } => {
                 // `now_without_cache_update`: `now()` also stores into a
                 // process-wide static, a write every core would fight over.
                 let now = coarsetime::Instant::now_without_cache_update();
-                now.as_ticks().saturating_sub(epoch.as_ticks()) >> 22
+                // 32.32 fixed point to 1/1024 s: at most 2^42 ticks (136
+                // years) since the epoch, so no cut is needed here.
+                (now.as_ticks().saturating_sub(epoch.as_ticks()) >> 22) + 1
             }
             Clock::Precise { epoch } => {
                 let elapsed = epoch.elapsed();
-                (elapsed.as_secs() << 10)
-                    | (u64::from(elapsed.subsec_nanos()) * SYSTEM_TICKS_PER_SEC / 1_000_000_000)
+                let ticks = (elapsed.as_secs() << 10)
+                    | (u64::from(elapsed.subsec_nanos()) * SYSTEM_TICKS_PER_SEC / 1_000_000_000);
+                ticks.min(MAX_TICK - 2) + 1
             }
-            Clock::Manual(manual) => manual.micros(),
-        };
-        ticks.min(MAX_TICK - 2) + 1
+            // A manual clock can be advanced by any amount.
+            Clock::Manual(manual) => manual.micros().min(MAX_TICK - 2) + 1,
+        }
     }
 
     /// How many ticks a slot is held for `reclaim_after`, such that it is
