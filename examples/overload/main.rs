@@ -7,13 +7,16 @@
 //! cargo run --release --example overload --features axum -- --quick           # a reduced grid, for CI
 //! cargo run --release --example overload --features axum -- --arrivals paced  # evenly spaced arrivals
 //! cargo run --release --example overload --features axum -- --scenario degrade
+//! cargo run --release --example overload --features axum -- --help            # every option, every file
 //! ```
 //!
 //! Options: `--service-ms N` (20), `--limit N` (8), `--seconds S` (4 per load),
 //! `--seed N` (1), `--out DIR` (target/overload).
 //!
-//! It prints one row per limiter and load, writes them as CSV, and draws SVG
-//! plots beside them.
+//! It prints one row per limiter and load and a legend of the columns, writes
+//! the rows as CSV, draws SVG plots beside them, and lists the files written.
+//! A `--quick` run writes the same names prefixed `quick-`, so that it never
+//! overwrites a full run's files.
 
 mod load;
 mod server;
@@ -63,6 +66,10 @@ fn options() -> Options {
                 .unwrap_or_else(|| usage(&format!("{arg} needs a value")))
         };
         match arg.as_str() {
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                std::process::exit(0)
+            }
             "--quick" => options.quick = true,
             "--scenario" => match value().as_str() {
                 "degrade" => options.degrade = true,
@@ -102,8 +109,40 @@ fn number(text: &str) -> u64 {
         .unwrap_or_else(|_| usage(&format!("{text:?} is not a whole number")))
 }
 
+/// What `--help` prints, and what a wrong option is answered with.
+const USAGE: &str = "\
+usage: overload [OPTIONS]
+
+Serves one axum handler (a stand-in dependency) behind each limiter in turn, each
+in a process of its own, and offers it an open-loop load from 25 % to 400 % of capacity.
+
+options [default]:
+  --quick                    a reduced run, for CI: loads 50 % to 400 %, at most 1.5 s
+                             a load (degrade: 3 s in all instead of 6 s); its files are
+                             named quick-*, so it never overwrites a full run's files
+  --scenario grid|degrade    grid: every limiter at every load; degrade: at 100 % load,
+                             the dependency slows to 2 s a call a third of the way in [grid]
+  --arrivals poisson|paced   exponential gaps between arrivals, or even ones [poisson]
+  --service-ms N             the handler's service time, in milliseconds [20]
+  --limit N                  every limiter's limit, in calls in flight [8]
+  --seconds S                seconds of load per row of the grid [4]
+  --seed N                   the seed of the arrival schedule [1]
+  --out DIR                  where the files go [target/overload]
+  -h, --help                 this text
+  (--variant and --measured-us are set by the demo for its child processes)
+
+files written to DIR (ARRIVALS: poisson or paced; with --quick, each name prefixed quick-):
+  grid:     grid-ARRIVALS.csv   every row of the table
+            shed-ARRIVALS.svg   shed % against load, with the floors
+            p99-ARRIVALS.svg    p99 latency of successful calls against load
+  degrade:  degrade.csv         each limiter's timeline
+            degrade.svg         requests in the process over time
+  (each limiter's process writes a part-*.csv, removed once merged)
+";
+
+/// A wrong option: says what is wrong, then the usage, and exits non-zero.
 fn usage(problem: &str) -> ! {
-    eprintln!("overload: {problem}\nsee the header of examples/overload/main.rs for the options");
+    eprint!("overload: {problem}\n\n{USAGE}");
     std::process::exit(2)
 }
 
@@ -142,14 +181,21 @@ async fn main() {
         options.seed
     );
     println!("each limiter runs in a process of its own, so that its peak memory is its own");
-    if options.degrade {
+    let written = if options.degrade {
         run_children(DEGRADE_VARIANTS.len(), measured);
-        write_degrade(&options);
+        print_degrade_legend();
+        write_degrade(&options)
     } else {
         print_header();
         run_children(Variant::ALL.len(), measured);
-        write_grid(&options);
+        print_legend();
+        let written = write_grid(&options);
         per_connection_trap(&options, capacity).await;
+        written
+    };
+    println!("\nfiles written:");
+    for path in written {
+        println!("  {}", path.display());
     }
 }
 
@@ -234,7 +280,7 @@ impl Row {
 
 fn print_header() {
     println!(
-        "\n{:<38} {:>5} {:>8} {:>8} {:>6} {:>7} {:>7} {:>8} {:>8} {:>8} {:>5} {:>6} {:>6}",
+        "\n{:<38} {:>5} {:>8} {:>8} {:>6} {:>7} {:>7} {:>8} {:>8} {:>8} {:>11} {:>8} {:>6}",
         "limiter",
         "load",
         "offered",
@@ -245,10 +291,98 @@ fn print_header() {
         "p99",
         "max",
         "shed p99",
-        "peak",
-        "MiB",
+        "peak inside",
+        "peak MiB",
         "floor"
     );
+}
+
+/// What each column of the grid's table means, under the table's own names.
+fn print_legend() {
+    let columns = [
+        (
+            "limiter",
+            "what stands in front of the handler; every one gets the same limit (--limit)",
+        ),
+        (
+            "load",
+            "the offered load, in % of the capacity: limit / measured service time",
+        ),
+        (
+            "offered",
+            "requests sent per second (open loop: a slow server does not slow them down)",
+        ),
+        (
+            "achieved",
+            "successful calls per second, counted until the last one was served",
+        ),
+        (
+            "shed",
+            "% of requests not served: refused with 503, or failed",
+        ),
+        (
+            "goodput",
+            "successful calls per second over the measured capacity, in %",
+        ),
+        ("p50", "median latency of the successful calls"),
+        ("p99", "p99 latency of the successful calls"),
+        ("max", "slowest successful call"),
+        (
+            "shed p99",
+            "p99 latency of the requests not served: how soon a refusal comes back",
+        ),
+        (
+            "peak inside",
+            "the most calls inside the handler (the stand-in dependency) at once",
+        ),
+        (
+            "peak MiB",
+            "the process's peak resident memory at that load, the load generator's included",
+        ),
+        (
+            "floor",
+            "the least any limiter of that kind can shed at that load (Erlang-B for one",
+        ),
+        (
+            "",
+            "that never waits, under Poisson arrivals; else an ideal FIFO line with the",
+        ),
+        ("", "same patience); shown beside tower-inflight's rows"),
+    ];
+    println!("\ncolumns:");
+    for (name, meaning) in columns {
+        println!("  {name:<11}  {meaning}");
+    }
+}
+
+/// What each column of the degrade scenario's tables means.
+fn print_degrade_legend() {
+    let columns = [
+        (
+            "t (s)",
+            "seconds since the load started; the dependency slows a third of the way in",
+        ),
+        (
+            "inside",
+            "calls inside the handler (the stand-in dependency) at that instant",
+        ),
+        (
+            "in process",
+            "requests anywhere in the server: inside, or parked in a limiter",
+        ),
+        (
+            "p99",
+            "p99 latency of the calls that succeeded in the last 250 ms",
+        ),
+        (
+            "goodput/s",
+            "successful calls per second over the last 250 ms",
+        ),
+    ];
+    println!("\ncolumns:");
+    for (name, meaning) in columns {
+        println!("  {name:<10}  {meaning}");
+    }
 }
 
 /// One limiter against every load, each row printed and kept as CSV.
@@ -366,7 +500,7 @@ fn print_row(row: &Row) {
         String::new()
     };
     println!(
-        "{:<38} {:>4.0}% {:>7.0}/s {:>7.0}/s {:>5.1}% {:>6.1}% {:>7} {:>8} {:>8} {:>8} {:>5} {:>6.0} {:>6}",
+        "{:<38} {:>4.0}% {:>7.0}/s {:>7.0}/s {:>5.1}% {:>6.1}% {:>7} {:>8} {:>8} {:>8} {:>11} {:>8.0} {:>6}",
         row.variant.label(),
         row.load * 100.0,
         row.offered,
@@ -403,11 +537,12 @@ async fn settle(dependency: &Dependency) {
     tokio::time::sleep(Duration::from_millis(100)).await;
 }
 
-/// Gathers the limiters' rows into one CSV and draws them.
-fn write_grid(options: &Options) {
+/// Gathers the limiters' rows into one CSV and draws them; returns the
+/// paths written.
+fn write_grid(options: &Options) -> Vec<PathBuf> {
     let mut csv = String::from(CSV_HEADER);
     for variant in Variant::ALL {
-        csv.push_str(&read(options, &format!("part-{}.csv", variant as usize)));
+        csv.push_str(&take(options, &format!("part-{}.csv", variant as usize)));
     }
     let rows: Vec<Vec<&str>> = csv
         .lines()
@@ -461,26 +596,40 @@ fn write_grid(options: &Options) {
         log_y: true,
         series: series(7),
     };
-    write(options, &format!("grid-{arrivals}.csv"), &csv);
-    write(
-        options,
-        &format!("shed-{arrivals}.svg"),
-        &shed_chart.render(),
-    );
-    write(options, &format!("p99-{arrivals}.svg"), &p99_chart.render());
+    vec![
+        write(options, &format!("grid-{arrivals}.csv"), &csv),
+        write(
+            options,
+            &format!("shed-{arrivals}.svg"),
+            &shed_chart.render(),
+        ),
+        write(options, &format!("p99-{arrivals}.svg"), &p99_chart.render()),
+    ]
 }
 
-fn write(options: &Options, name: &str, contents: &str) {
-    let path = options.out.join(name);
-    std::fs::write(&path, contents).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
-    if !name.starts_with("part-") && !name.starts_with("degrade-part-") {
-        println!("wrote {}", path.display());
+/// Where the file `name` goes: in the output folder, prefixed `quick-` for a
+/// quick run so that it never overwrites a full run's files.
+fn path(options: &Options, name: &str) -> PathBuf {
+    if options.quick {
+        options.out.join(format!("quick-{name}"))
+    } else {
+        options.out.join(name)
     }
 }
 
-fn read(options: &Options, name: &str) -> String {
-    let path = options.out.join(name);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+fn write(options: &Options, name: &str, contents: &str) -> PathBuf {
+    let path = path(options, name);
+    std::fs::write(&path, contents).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    path
+}
+
+/// Reads a limiter's part file and removes it: its rows are merged.
+fn take(options: &Options, name: &str) -> String {
+    let path = path(options, name);
+    let contents =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let _ = std::fs::remove_file(&path);
+    contents
 }
 
 /// A limiting layer applied per connection: tower's `ConcurrencyLimitLayer`
@@ -598,10 +747,12 @@ async fn degrade(options: &Options, variant: Variant, capacity: f64) {
     write(options, &format!("degrade-part-{index}.csv"), &csv);
 }
 
-fn write_degrade(options: &Options) {
+/// Gathers the limiters' timelines into one CSV and draws them; returns the
+/// paths written.
+fn write_degrade(options: &Options) -> Vec<PathBuf> {
     let mut csv = String::from("limiter,t_s,inside,in_process,p99_ms,goodput_per_s\n");
     for index in 0..DEGRADE_VARIANTS.len() {
-        csv.push_str(&read(options, &format!("degrade-part-{index}.csv")));
+        csv.push_str(&take(options, &format!("degrade-part-{index}.csv")));
     }
     let chart = Chart {
         title: "Requests in the process while the dependency slows (from t = 1/3)",
@@ -627,8 +778,10 @@ fn write_degrade(options: &Options) {
             })
             .collect(),
     };
-    write(options, "degrade.csv", &csv);
-    write(options, "degrade.svg", &chart.render());
+    vec![
+        write(options, "degrade.csv", &csv),
+        write(options, "degrade.svg", &chart.render()),
+    ]
 }
 
 async fn sample(
