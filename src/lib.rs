@@ -94,7 +94,6 @@
 //!
 //! # Watching it
 //!
-//!
 //! [`Bulkhead::status`] is a snapshot (state now, lifetime totals, windows
 //! from a minute to a day); [`Config::on_event`] sees every [`Event`]; the
 //! `metrics` and `tracing` features report through those facades.
@@ -139,6 +138,28 @@ pub use tower::{
     Classified, ClassifiedFuture, ClassifiedLayer, Concurrency, ConcurrencyLayer, ResponseFuture,
 };
 pub use wait::{Comparator, QueueOrder, WaitingCall};
+
+/// The README and the pages under `docs/`, compiled and run as doc tests so
+/// that the code they show stays true.
+#[cfg(all(doctest, feature = "axum"))]
+mod doc_pages {
+    #[doc = include_str!("../README.md")]
+    struct Readme;
+    #[doc = include_str!("../docs/design.md")]
+    struct Design;
+    #[doc = include_str!("../docs/http.md")]
+    struct Http;
+    #[doc = include_str!("../docs/scheduling.md")]
+    struct Scheduling;
+    #[doc = include_str!("../docs/observability.md")]
+    struct Observability;
+    #[doc = include_str!("../docs/guarantees.md")]
+    struct Guarantees;
+    #[doc = include_str!("../docs/performance.md")]
+    struct Performance;
+    #[doc = include_str!("../docs/overload.md")]
+    struct Overload;
+}
 
 /// The error type of [`Concurrency`]: the inner service's error, or
 /// [`ServiceSaturated`], boxed.

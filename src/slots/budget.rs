@@ -57,6 +57,10 @@ impl ByteBudget {
     }
 
     /// Reserves `bytes` if they fit beside what is reserved already.
+    ///
+    /// Every access to the budget's word is `SeqCst`: it is off the fast
+    /// path, and its reservations and returns order with the slot records
+    /// (see `SlotTable::reserve_bytes`).
     pub(crate) fn reserve(&self, bytes: u64) -> Option<Epoch> {
         let max = self.max;
         self.state

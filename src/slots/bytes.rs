@@ -15,6 +15,10 @@ impl SlotTable {
         let record = (bytes << GENERATION_BITS) | generation(claim.word());
         self.slots[claim.index()]
             .bytes
+            // `SeqCst` here and on every access to a record: the holder, a
+            // claimer taking the slot over and the sweep for expired bytes
+            // each take a record by compare-and-exchange or swap, and the
+            // total order over them is what makes the bytes come back once.
             .store(record, Ordering::SeqCst);
         Some(epoch)
     }

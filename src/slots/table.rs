@@ -130,6 +130,10 @@ impl SlotTable {
             let word = slot.word.load(order);
             let until = deadline(word);
             let new = held_until | next_generation(word);
+            // `AcqRel`: acquires what the previous holder did before its
+            // release, and releases the weighted-claim count raised before
+            // it (see `Waiters::unchanged`). A failure learns nothing, so
+            // `Relaxed`.
             (until <= now
                 && slot
                     .word
@@ -159,6 +163,10 @@ impl SlotTable {
     #[inline(always)]
     pub(super) fn release_one(&self, claim: &Claim) -> bool {
         let freed = generation(claim.word());
+        // `SeqCst`: one side of the store-buffering pattern with the waiter
+        // queue (this store, then the releaser's load of the parked count,
+        // against an arrival's count, then its load of the slots): one of
+        // the two sees the other, so nobody parks beside this slot.
         self.slots[claim.index()]
             .word
             .compare_exchange(claim.word(), freed, Ordering::SeqCst, Ordering::Relaxed)
@@ -170,6 +178,8 @@ impl SlotTable {
     pub(crate) fn reset(&self) {
         lock(&self.companions).clear();
         for slot in self.slots.iter() {
+            // `SeqCst`, as a release is: a slot freed here is found by
+            // waiters exactly as a released one is.
             let _ = slot
                 .word
                 .fetch_update(Ordering::SeqCst, Ordering::Relaxed, |word| {

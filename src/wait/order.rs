@@ -12,8 +12,8 @@ use std::sync::Arc;
 /// and needs more slots than are free, nobody behind it is served until
 /// enough have come free, however light they are. New arrivals never take a
 /// slot while anyone is parked. The order decides who is at the head, and so
-/// how often a heavy head stalls the line: see the README's "Who waits
-/// first".
+/// how often a heavy head stalls the line: see `docs/scheduling.md` in the
+/// repository.
 #[derive(Clone, Default)]
 #[non_exhaustive]
 pub enum QueueOrder {

@@ -158,6 +158,8 @@ impl Waiters {
         self.parked.load(Ordering::SeqCst) & CLOSED != 0
     }
 
+    /// Callers parked, read `SeqCst`: the releaser's side of the
+    /// store-buffering pattern (its slot freed, then this read).
     #[inline]
     fn count(&self) -> usize {
         (self.parked.load(Ordering::SeqCst) & PARKED) as usize
@@ -180,6 +182,9 @@ impl Waiters {
     }
 
     fn count_weighted_claim(&self) {
+        // `SeqCst`, a release among others: a fast-path caller that sees a
+        // slot this claim took, or gave back, sees this count too (see
+        // `calm` and `unchanged`).
         let _ = self
             .parked
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |word| {
@@ -321,6 +326,8 @@ impl Waiters {
         });
         let place = queue.push(priority, weight, node.clone());
         *lock(&node.place) = Some(place);
+        // `SeqCst`: the arrival's side of the store-buffering pattern with a
+        // releaser (see `after_release`): counted in, then the slots read.
         self.parked.fetch_add(1, Ordering::SeqCst);
         loom_seqcst_fence();
         // A slot freed after the scan above, by a releaser that read
