@@ -392,7 +392,12 @@ fn a_slot_whose_bytes_were_swept_is_reclaimed_by_its_next_holder_and_counted_onc
             .clock(clock.clone())
             .on_event(events.hook()),
     );
-    std::mem::forget(bulkhead.try_acquire_bytes(800).unwrap());
+    // Leaked from another thread, so that its slot is not where this
+    // thread's claims start: the next claim lands on the free slot.
+    let leaker = bulkhead.clone();
+    std::thread::spawn(move || std::mem::forget(leaker.try_acquire_bytes(800).unwrap()))
+        .join()
+        .unwrap();
     clock.advance(Duration::from_secs(30));
     // The budget is spent by the leak: its bytes are swept up for this call.
     let first = bulkhead.try_acquire_bytes(800).unwrap();
@@ -429,4 +434,55 @@ async fn a_call_refused_for_its_bytes_is_never_counted_as_admitted() {
     assert_eq!(admitted, 1.0);
     let gauge = value(&snapshot, MetricKind::Gauge, "tower_inflight_in_flight", DB);
     assert_eq!((gauge, bulkhead.in_flight()), (1.0, 1));
+}
+
+/// A service parked in `poll_ready`, handed a slot, then left for longer
+/// than `reclaim_after`: the slot is reclaimed from under it.
+fn ready_with_a_handed_slot(
+    bulkhead: &Bulkhead,
+) -> tower_inflight::Concurrency<
+    impl tower::Service<u32, Response = u32, Error = std::convert::Infallible> + Clone,
+> {
+    use tower::Service;
+    let held = bulkhead.try_acquire().unwrap();
+    let mut service = tower_inflight::Concurrency::new(
+        tower::service_fn(|x: u32| async move { Ok::<_, std::convert::Infallible>(x) }),
+        bulkhead.clone(),
+    );
+    let mut task = tokio_test::task::spawn(());
+    assert!(task.enter(|cx, _| service.poll_ready(cx)).is_pending());
+    drop(held); // handed to the parked service
+    assert!(task.enter(|cx, _| service.poll_ready(cx)).is_ready());
+    service
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handed_slot_reclaimed_before_its_call_keeps_the_gauge_right() {
+    let clock = ManualClock::new();
+    let (bulkhead, snapshotter) =
+        recorded(config(1).wait(Duration::from_secs(1)).clock(clock.clone()));
+    let service = ready_with_a_handed_slot(&bulkhead);
+    clock.advance(Duration::from_secs(31));
+    let reclaimer = bulkhead.try_acquire().unwrap();
+    assert!(reclaimer.was_reclaimed());
+    drop(service); // gives back a slot that is no longer its own
+    let snapshot = snapshot(&snapshotter);
+    let gauge = value(&snapshot, MetricKind::Gauge, "tower_inflight_in_flight", DB);
+    assert_eq!((gauge, bulkhead.in_flight()), (1.0, 1));
+    drop(reclaimer);
+    assert_eq!(bulkhead.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_admitted_total_never_goes_back_when_a_handed_slot_is_given_back() {
+    let (bulkhead, _snapshotter) = recorded(config(1).wait(Duration::from_secs(1)));
+    let service = ready_with_a_handed_slot(&bulkhead);
+    let before = bulkhead.status().totals.admitted;
+    drop(service);
+    let after = bulkhead.status().totals.admitted;
+    assert_eq!(
+        (before, after),
+        (1, 1),
+        "only the first holder was admitted"
+    );
 }

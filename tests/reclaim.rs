@@ -308,3 +308,39 @@ fn forgotten_borrowed_permit_is_reclaimed_and_its_late_drop_frees_nothing() {
     drop(newer);
     assert_eq!(bulkhead.in_flight(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_grant_used_after_its_slot_was_reclaimed_never_takes_the_new_holder_s_bytes() {
+    let clock = ManualClock::new();
+    let bulkhead = Bulkhead::new(
+        Config::new(1, Duration::from_secs(30))
+            .wait(Duration::from_secs(1))
+            .max_bytes(1000)
+            .clock(clock.clone()),
+    );
+    let held = bulkhead.try_acquire().unwrap();
+    let waiter = bulkhead.clone();
+    let mut waiter = tokio_test::task::spawn(async move { waiter.acquire_bytes(300).await });
+    assert!(waiter.poll().is_pending());
+    drop(held); // handed to the waiter, which does not run yet
+    clock.advance(Duration::from_secs(31));
+    let reclaimer = bulkhead.try_acquire_bytes(500).unwrap();
+    assert!(reclaimer.was_reclaimed());
+    // The waiter runs at last: its slot is gone, and no other is free.
+    let late = match waiter.poll() {
+        std::task::Poll::Ready(late) => late,
+        std::task::Poll::Pending => panic!("the waiter still waits"),
+    };
+    assert!(
+        late.is_err(),
+        "it does not hold a slot beside the reclaimer"
+    );
+    assert_eq!(bulkhead.bytes_reserved(), 500);
+    drop(reclaimer);
+    assert_eq!(
+        bulkhead.bytes_reserved(),
+        0,
+        "the reclaimer's bytes came back"
+    );
+    assert_eq!(bulkhead.in_flight(), 0);
+}

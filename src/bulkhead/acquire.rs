@@ -4,7 +4,7 @@ use crate::bulkhead::{Granted, Permit, Shared};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::sync::Arc;
 use crate::ticket::Ticket;
-use crate::wait::{Arrival, Node, SaturationSignal, Verdict, WaitEnd};
+use crate::wait::{Arrival, Left, Node, SaturationSignal, Verdict, WaitEnd};
 use pin_project_lite::pin_project;
 use std::fmt;
 use std::future::Future;
@@ -191,18 +191,22 @@ impl Acquire {
                         return Poll::Ready(outcome);
                     }
                     ready!(budget.poll(cx));
-                    let granted = shared
-                        .waiters()
-                        .leave(&place.node, shared.slots(), shared.now(), true)
-                        .map(|claim| Granted::new(this.shared.clone(), claim));
-                    let end = if granted.is_some() {
-                        WaitEnd::Admitted
-                    } else {
-                        WaitEnd::Expired
+                    let left =
+                        shared
+                            .waiters()
+                            .leave(&place.node, shared.slots(), shared.now(), true);
+                    let (outcome, end) = match left {
+                        Left::Granted(claim) => (
+                            Ok(Granted::new(this.shared.clone(), claim)),
+                            WaitEnd::Admitted,
+                        ),
+                        // Turned away (closed, cancelled) as its budget ran
+                        // out: refused, not expired.
+                        Left::Refused(reason) => (Err(reason), WaitEnd::Abandoned),
+                        Left::Waiting => (Err(ShedReason::WaitExpired), WaitEnd::Expired),
                     };
                     place.record(end);
-                    let outcome =
-                        granted.ok_or_else(|| place.shared.saturated(ShedReason::WaitExpired));
+                    let outcome = outcome.map_err(|reason| place.shared.saturated(reason));
                     this.state.set(State::Done);
                     return Poll::Ready(outcome);
                 }
@@ -230,7 +234,7 @@ impl Drop for Place {
         let granted = shared
             .waiters()
             .leave(&self.node, shared.slots(), shared.now(), false);
-        if let Some(claim) = granted {
+        if let Left::Granted(claim) = granted {
             shared.give_back_unused(&claim);
         }
         self.record(WaitEnd::Abandoned);

@@ -172,11 +172,21 @@ impl Granted {
 
     /// The permit, with `bytes` of the budget beside its slots, or the
     /// slots given back and the call shed if the bytes do not fit.
+    ///
+    /// A grant kept past `reclaim_after` (a service ready with a handed slot,
+    /// called much later) may have lost its slot to a reclaim: then it is
+    /// given back, and the call takes a free slot if there is one, as if it
+    /// had not waited.
     pub(crate) fn into_permit(mut self, bytes: u64) -> Result<Permit, ServiceSaturated> {
-        match self.claim.take() {
-            Some(claim) => Shared::permit(&self.shared, claim, bytes),
-            None => unreachable!("a grant is made a permit once"),
+        let Some(claim) = self.claim.take() else {
+            unreachable!("a grant is made a permit once")
+        };
+        if self.shared.slots().holds(&claim) {
+            return Shared::permit(&self.shared, claim, bytes);
         }
+        self.shared.give_back_unused(&claim);
+        let claim = self.shared.claim_or_shed()?;
+        Shared::permit(&self.shared, claim, bytes)
     }
 }
 

@@ -49,10 +49,13 @@ impl Shared {
             config.on_event.clone(),
             rollups,
         );
+        let waiters = Waiters::new(config.queue_order.clone());
+        #[cfg(feature = "metrics")]
+        let waiters = waiters.count_grants_in(observer.in_flight_gauge());
         Ok(Shared {
             slots: SlotTable::new(config.limit, hold, config.max_bytes),
             clock,
-            waiters: Waiters::new(config.queue_order.clone()),
+            waiters,
             observer,
             saturation: config.saturation_signal.map(SaturationSignal::new),
             codel: config.codel.map(Codel::new),
@@ -124,6 +127,7 @@ impl Shared {
     /// the bytes of `share` (recorded on its slot already) are counted in.
     #[inline(always)]
     pub(crate) fn admitted(&self, claim: &Claim, share: Share) {
+        self.slots.count_admission(claim);
         if claim.reclaimed() || claim.sample() {
             self.admitted_rarely(claim);
         }
@@ -131,9 +135,14 @@ impl Shared {
         if self.observer.rollups.minute_turned(at.saturating_sub(1)) {
             self.turn_minute(at, 1);
         }
-        // Reclaimed slots were counted as held already.
-        self.observer
-            .admitted(claim.weight() - claim.reclaimed_slots());
+        // Reclaimed slots were counted as held already, and slots handed to
+        // a waiting caller when they were handed over.
+        let newly_held = if claim.granted() {
+            0
+        } else {
+            claim.weight() - claim.reclaimed_slots()
+        };
+        self.observer.admitted(newly_held);
         if self.observer.has_hook() {
             self.admitted_events(claim, share);
         }
@@ -272,7 +281,14 @@ impl Shared {
     pub(crate) fn give_back_unused(&self, claim: &Claim) {
         let freed = self.slots.release(claim);
         self.waiters.after_release(&self.slots, &self.clock);
-        self.observer.unused(claim.reclaimed_slots(), freed);
+        // A claim handed to a waiting caller had all its slots counted as
+        // held; any other, only those it reclaimed.
+        let counted = if claim.granted() {
+            freed
+        } else {
+            claim.reclaimed_slots().min(freed)
+        };
+        self.observer.unused(claim.reclaimed_slots(), counted);
         self.observer.reclaimed_events(claim.reclaimed_slots());
     }
 

@@ -12,8 +12,6 @@ pub(crate) struct Observer {
     hook: Option<Hook>,
     refusals: Refusals,
     reclaimed: AtomicU64,
-    /// Claims given back without becoming permits: not admissions.
-    unused: AtomicU64,
     waits: AtomicU64,
     wait_nanos: AtomicU64,
     pub(crate) rollups: Rollups,
@@ -43,7 +41,6 @@ impl Observer {
             hook,
             refusals: Refusals::new(name),
             reclaimed: AtomicU64::new(0),
-            unused: AtomicU64::new(0),
             waits: AtomicU64::new(0),
             wait_nanos: AtomicU64::new(0),
             rollups,
@@ -130,16 +127,23 @@ impl Observer {
         }
     }
 
-    /// A claim was given back without becoming a permit, after `freed` of
-    /// its slots were freed. Its `reclaimed` slots were counted as held
-    /// before it: they are counted as reclaimed, and out of the slots held.
+    /// A claim was given back without becoming a permit: its `reclaimed`
+    /// slots are counted as reclaimed, and `counted` slots, freed and
+    /// counted as held before, out of the slots held.
     #[cold]
-    pub(crate) fn unused(&self, reclaimed: usize, freed: usize) {
-        self.unused.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn unused(&self, reclaimed: usize, counted: usize) {
         if reclaimed > 0 {
             self.reclaimed(reclaimed);
-            self.released(None, reclaimed.min(freed));
         }
+        if counted > 0 {
+            self.released(None, counted);
+        }
+    }
+
+    /// The in-flight gauge, to count slots handed to waiting callers.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn in_flight_gauge(&self) -> metrics::Gauge {
+        self.metrics.in_flight.clone()
     }
 
     /// A call was refused for `reason`: counted, and the bulkhead's name
@@ -224,11 +228,12 @@ impl Observer {
         }
     }
 
-    /// The totals, `claims` being how many claims the slot table made.
-    pub(crate) fn totals(&self, claims: u64) -> Totals {
+    /// The totals, `admitted` being how many calls the slot table counted
+    /// in.
+    pub(crate) fn totals(&self, admitted: u64) -> Totals {
         let rejected = |reason: ShedReason| self.refusals.count(reason);
         Totals {
-            admitted: claims.saturating_sub(self.unused.load(Ordering::Relaxed)),
+            admitted,
             rejected_limit: rejected(ShedReason::LimitReached),
             rejected_wait_expired: rejected(ShedReason::WaitExpired),
             rejected_too_many_waiting: rejected(ShedReason::TooManyWaiting),

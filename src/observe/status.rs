@@ -61,7 +61,7 @@ pub struct Status {
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct Totals {
-    /// Slots granted.
+    /// Calls admitted (a weighted permit counts once).
     pub admitted: u64,
     /// Calls shed because every slot was held (see
     /// [`ShedReason::LimitReached`](crate::ShedReason::LimitReached)) and
@@ -169,9 +169,9 @@ pub struct Window {
     /// length.
     #[cfg_attr(feature = "serde", serde(serialize_with = "seconds"))]
     pub span: Duration,
-    /// Slots granted.
+    /// Calls admitted (a weighted permit counts once).
     pub admitted: u64,
-    /// Slots granted per second over the span.
+    /// Calls admitted per second over the span.
     pub throughput: f64,
     /// Calls shed, for every reason.
     pub rejected: u64,

@@ -9,18 +9,63 @@ use crate::sync::Ordering;
 
 impl SlotTable {
     /// Reserves `bytes` of the budget for the holder of `claim` and records
-    /// them on its slot. `None` if they do not fit (or there is no budget).
+    /// them on its slot. `None` if they do not fit (or there is no budget),
+    /// or if `claim` no longer holds its slot: a claim that sat past
+    /// `reclaim_after` before it was used, and was taken over meanwhile,
+    /// must never write over the record of the slot's new holder.
     pub(crate) fn reserve_bytes(&self, claim: &Claim, bytes: u64) -> Option<Epoch> {
-        let epoch = self.budget.as_ref()?.reserve(bytes)?;
+        let budget = self.budget.as_ref()?;
+        let epoch = budget.reserve(bytes)?;
+        let slot = &self.slots[claim.index()];
         let record = (bytes << GENERATION_BITS) | generation(claim.word());
-        self.slots[claim.index()]
-            .bytes
-            // `SeqCst` here and on every access to a record: the holder, a
-            // claimer taking the slot over and the sweep for expired bytes
-            // each take a record by compare-and-exchange or swap, and the
-            // total order over them is what makes the bytes come back once.
-            .store(record, Ordering::SeqCst);
+        // `SeqCst` here and on every access to a record: the holder, a
+        // claimer taking the slot over and the sweep for expired bytes each
+        // take a record by compare-and-exchange or swap, and the total order
+        // over them (and over the slot's word) is what makes the bytes come
+        // back once.
+        let mut current = slot.bytes.load(Ordering::SeqCst);
+        loop {
+            if slot.word.load(Ordering::SeqCst) != claim.word() {
+                budget.give_back(bytes, epoch);
+                return None;
+            }
+            match slot
+                .bytes
+                .compare_exchange(current, record, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => break,
+                Err(actual) => current = actual,
+            }
+        }
+        // This claim holds the slot, so a record with bytes on it is that of
+        // a holder it was taken from (one that used its claim too late):
+        // those bytes come back now, once, since the record was taken.
+        let stale = current >> GENERATION_BITS;
+        if stale != 0 {
+            budget.give_back_abandoned(stale);
+        }
+        // Taken over between the check and the record: the claim that took
+        // the slot takes this record too (and gives its bytes back), unless
+        // it is undone here first.
+        if slot.word.load(Ordering::SeqCst) != claim.word() {
+            let undone = slot.bytes.compare_exchange(
+                record,
+                generation(claim.word()),
+                Ordering::SeqCst,
+                Ordering::Relaxed,
+            );
+            if undone.is_ok() {
+                budget.give_back(bytes, epoch);
+            }
+            return None;
+        }
         Some(epoch)
+    }
+
+    /// Whether `claim` still holds its slot: no reclaim or reset has taken
+    /// it over.
+    pub(crate) fn holds(&self, claim: &Claim) -> bool {
+        self.slots[claim.index()].word.load(Ordering::SeqCst) == claim.word()
     }
 
     /// The holder of `claim` takes its `bytes` off its slot's record, to give
@@ -83,7 +128,7 @@ impl SlotTable {
     /// if a claimer takes the slot meanwhile, its own swap of the record
     /// either came first (and gave the bytes back) or finds the record
     /// emptied; a record the new holder stores has its generation, so it
-    /// never matches. The slot, expired already, is free for anyone; the
+    /// does not match. The slot, expired already, is free for anyone; the
     /// claim that takes it counts it as reclaimed, so the count of reclaims
     /// and of slots held stay one with the table. The late holder finds its
     /// record gone and gives back nothing.
@@ -101,7 +146,17 @@ impl SlotTable {
             }
             let record = slot.bytes.load(Ordering::SeqCst);
             let abandoned = record >> GENERATION_BITS;
-            if abandoned == 0 || generation(record) != generation(word) {
+            // The record is the expired holder's only if the word is still
+            // its word: read again after the record, so that the record and
+            // the word were both the holder's at once. (A record's identity
+            // is its 22-bit generation: a thread stalled between these reads
+            // and the exchange for 2^22 claims of this one slot could still
+            // take a live holder's record; a slot claimed that often in so
+            // short a stall is out of reach.)
+            if abandoned == 0
+                || generation(record) != generation(word)
+                || slot.word.load(Ordering::SeqCst) != word
+            {
                 continue;
             }
             if slot

@@ -17,6 +17,7 @@ pub(crate) struct Claim {
 
 const RECLAIMED: u64 = 1 << 63;
 const SAMPLE: u64 = 1 << 62;
+const GRANTED: u64 = 1 << 61;
 /// Fields of a weighted claim (see `try_claim_weighted`): each holds up to
 /// `MAX_SLOTS`.
 const FIELD_BITS: u32 = 20;
@@ -90,5 +91,19 @@ impl Claim {
     #[inline]
     pub(crate) fn sample(&self) -> bool {
         self.tagged_index & SAMPLE != 0
+    }
+
+    /// The claim, marked as made on behalf of a waiting caller: its slots
+    /// were counted as held (in the in-flight gauge) when it was made, not
+    /// when it becomes a permit, since a reclaim may take them meanwhile.
+    pub(crate) fn granted_to_waiter(mut self) -> Self {
+        self.tagged_index |= GRANTED;
+        self
+    }
+
+    /// Whether the claim was made on behalf of a waiting caller.
+    #[inline]
+    pub(crate) fn granted(&self) -> bool {
+        self.tagged_index & GRANTED != 0
     }
 }

@@ -44,8 +44,8 @@ pub(super) struct Slot {
     pub(super) word: AtomicU64,
     /// Bytes the holder reserved (high 42 bits) and its generation (low 22).
     pub(super) bytes: AtomicU64,
-    /// Claims of this slot, ever. Only the claimer writes it, right after
-    /// its compare-and-exchange, on a cache line it has just made its own.
+    /// Admissions on this slot, ever. Only its holder writes it, on a
+    /// cache line it has just made its own.
     pub(super) claims: AtomicU64,
 }
 
@@ -103,11 +103,12 @@ impl SlotTable {
     #[inline(always)]
     pub(crate) fn try_claim(&self, now: u64, order: Ordering) -> Option<Claim> {
         let (index, word, until) = self.take_free(now, order)?;
-        let slot = &self.slots[index];
-        // Not `fetch_add`: the slot is ours, so a plain store does, without
-        // a locked instruction.
-        let claims = slot.claims.load(Ordering::Relaxed).wrapping_add(1);
-        slot.claims.store(claims, Ordering::Relaxed);
+        // The admissions this claim would make the slot's count, if it is
+        // admitted (see `count_admission`).
+        let claims = self.slots[index]
+            .claims
+            .load(Ordering::Relaxed)
+            .wrapping_add(1);
         let claim = Claim::new(index, word, until != 0, claims & self.sample_mask == 1);
         if claim.reclaimed() {
             self.recover_abandoned_bytes(&claim);
@@ -192,7 +193,19 @@ impl SlotTable {
         }
     }
 
-    /// Claims of every slot, ever.
+    /// Counts the admission of `claim`, a call that got its slot: on the
+    /// slot's own count, which only its holder writes, so a plain store does
+    /// without a locked instruction. A claim given back without being
+    /// admitted (its caller went away, its bytes did not fit) is never
+    /// counted, so the total only ever grows.
+    #[inline(always)]
+    pub(crate) fn count_admission(&self, claim: &Claim) {
+        let slot = &self.slots[claim.index()];
+        let claims = slot.claims.load(Ordering::Relaxed).wrapping_add(1);
+        slot.claims.store(claims, Ordering::Relaxed);
+    }
+
+    /// Admissions on every slot, ever.
     pub(crate) fn claims(&self) -> u64 {
         self.slots
             .iter()

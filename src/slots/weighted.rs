@@ -84,7 +84,11 @@ impl SlotTable {
     #[cold]
     pub(super) fn release_companions(&self, claim: &Claim) -> usize {
         let mut table = lock(&self.companions);
-        let Some(at) = table.iter().position(|(primary, _)| primary == claim) else {
+        // By index and word: the flags of a claim (handed to a waiter, sampled)
+        // may differ from those of the entry recorded when it was made.
+        let Some(at) = table.iter().position(|(primary, _)| {
+            primary.index() == claim.index() && primary.word() == claim.word()
+        }) else {
             return 0;
         };
         let (_, companions) = table.swap_remove(at);

@@ -16,4 +16,4 @@ pub use order::{Comparator, QueueOrder, WaitingCall};
 pub(crate) use codel::{Codel, CodelSettings};
 pub(crate) use line::{Line, Place};
 pub(crate) use saturation::{SaturationSignal, Thresholds, Verdict, WaitEnd};
-pub(crate) use waiters::{Arrival, Node, Waiters};
+pub(crate) use waiters::{Arrival, Left, Node, Waiters};

@@ -1,7 +1,9 @@
 //! The queue of callers parked for a slot.
 //!
-//! It is touched only when the bulkhead is full: the fast path reads the
-//! `parked` count, and nothing else, to learn that nobody is waiting. Parked
+//! It is touched only when the bulkhead is full: the fast path reads one
+//! word (the count of parked callers, of weighted claims under way, and
+//! whether the bulkhead is closed), and nothing else, to learn that it may
+//! go ahead; if it finds every slot held, it reads that word again. Parked
 //! callers are served oldest first, and a freed slot goes straight to the head
 //! of the line (the releaser claims it on the head's behalf), so a new arrival
 //! can never take it first.
@@ -36,6 +38,10 @@ pub(crate) struct Waiters {
     /// claims, and `CLOSED` (see `PARKED`). Written only under the lock.
     parked: AtomicU64,
     queue: Mutex<Line<Arc<Node>>>,
+    /// The in-flight gauge: a slot handed to a waiting caller is counted as
+    /// held when it is handed over (see `Claim::granted_to_waiter`).
+    #[cfg(feature = "metrics")]
+    in_flight: Option<metrics::Gauge>,
 }
 
 /// One parked caller, shared between the queue and the caller's future.
@@ -91,6 +97,17 @@ enum NodeState {
     Done,
 }
 
+/// What a caller that leaves the line had come to.
+#[derive(Debug)]
+pub(crate) enum Left {
+    /// A slot had been handed to it: it is the caller's to use or give back.
+    Granted(Claim),
+    /// It had been turned away (closed, cancelled) for this reason.
+    Refused(ShedReason),
+    /// Nothing: it was still waiting, and has left the line now.
+    Waiting,
+}
+
 /// What a caller that may wait gets on arrival.
 #[derive(Debug)]
 pub(crate) enum Arrival {
@@ -117,7 +134,16 @@ impl Waiters {
         Self {
             parked: AtomicU64::new(0),
             queue: Mutex::new(Line::new(order)),
+            #[cfg(feature = "metrics")]
+            in_flight: None,
         }
+    }
+
+    /// Counts the slots handed to waiting callers in `gauge`.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn count_grants_in(mut self, gauge: metrics::Gauge) -> Self {
+        self.in_flight = Some(gauge);
+        self
     }
 
     /// Callers parked now. `Relaxed`: the fast path only needs a hint, since a
@@ -163,6 +189,17 @@ impl Waiters {
     #[inline]
     fn count(&self) -> usize {
         (self.parked.load(Ordering::SeqCst) & PARKED) as usize
+    }
+
+    /// One parked caller fewer. Never below zero: a borrow would run into
+    /// the count of weighted claims and `CLOSED`, and close the bulkhead.
+    fn count_out(&self) {
+        let _ = self
+            .parked
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |word| {
+                debug_assert!(word & PARKED != 0, "a parked count below zero");
+                Some(if word & PARKED == 0 { word } else { word - 1 })
+            });
     }
 
     /// Claims `weight` slots for a caller, under the line's lock. A weighted
@@ -247,7 +284,7 @@ impl Waiters {
         *state = outcome;
         *lock(&node.place) = None;
         queue.left(node.priority);
-        self.parked.fetch_sub(1, Ordering::SeqCst);
+        self.count_out();
         drop(state);
         if let Some(waker) = waker {
             woken.push(waker);
@@ -364,9 +401,16 @@ impl Waiters {
             };
             // The very entry seen, even if a custom order would now pick another.
             let head = queue.take(place);
+            let claim = claim.granted_to_waiter();
             if !self.resolve(queue, &head, NodeState::Granted(claim), woken) {
                 // Cannot happen while the queue is locked; never strand the slot.
                 slots.release(&claim);
+                continue;
+            }
+            #[cfg(feature = "metrics")]
+            if let Some(gauge) = &self.in_flight {
+                // Reclaimed slots were counted as held already.
+                gauge.increment((claim.weight() - claim.reclaimed_slots()) as f64);
             }
         }
         if self.count() == 0 {
@@ -415,7 +459,7 @@ impl Waiters {
         slots: &SlotTable,
         now: u64,
         last_chance: bool,
-    ) -> Option<Claim> {
+    ) -> Left {
         let mut woken = WakeList::default();
         let mut queue = lock(&self.queue);
         if last_chance {
@@ -423,20 +467,22 @@ impl Waiters {
         }
         let mut state = lock(&node.state);
         match std::mem::replace(&mut *state, NodeState::Done) {
-            NodeState::Granted(claim) => Some(claim),
+            NodeState::Granted(claim) => Left::Granted(claim),
             NodeState::Parked(_) => {
                 drop(state);
                 if let Some(place) = lock(&node.place).take() {
                     queue.remove(place);
                 }
                 queue.left(node.priority);
-                self.parked.fetch_sub(1, Ordering::SeqCst);
+                self.count_out();
                 // If it was the head, waiting for more slots than were
                 // free, the caller behind it may fit in those slots now.
                 self.dispatch(&mut queue, slots, now, &mut woken);
-                None
+                Left::Waiting
             }
-            NodeState::Refused(_) | NodeState::Done => None,
+            NodeState::Refused(reason) => Left::Refused(reason),
+            // Its outcome was taken already: nothing is left.
+            NodeState::Done => Left::Waiting,
         }
     }
 
@@ -484,7 +530,10 @@ mod tests {
                 waiting.push_back(parked(waiters.arrive(&slots, 1, None, priority, 1)));
                 if waiting.len() > 10 {
                     let quitter = waiting.remove(waiting.len() / 2).unwrap();
-                    assert_eq!(waiters.leave(&quitter, &slots, 1, false), None);
+                    assert!(matches!(
+                        waiters.leave(&quitter, &slots, 1, false),
+                        Left::Waiting
+                    ));
                 }
             }
             assert_eq!(waiters.parked(), 10, "{order:?}");
