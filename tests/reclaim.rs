@@ -344,3 +344,61 @@ async fn a_grant_used_after_its_slot_was_reclaimed_never_takes_the_new_holder_s_
     );
     assert_eq!(bulkhead.in_flight(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_grant_used_after_its_deadline_takes_a_fresh_slot_and_the_limit_holds() {
+    let clock = ManualClock::new();
+    let bulkhead = Bulkhead::new(
+        Config::new(1, Duration::from_secs(30))
+            .wait(Duration::from_secs(1))
+            .max_bytes(1000)
+            .clock(clock.clone()),
+    );
+    let held = bulkhead.try_acquire().unwrap();
+    let waiter = bulkhead.clone();
+    let mut waiter = tokio_test::task::spawn(async move { waiter.acquire_bytes(600).await });
+    assert!(waiter.poll().is_pending());
+    drop(held); // handed to the waiter, which does not run yet
+    clock.advance(Duration::from_secs(31)); // past its deadline, not yet reclaimed
+    let late = match waiter.poll() {
+        std::task::Poll::Ready(late) => late.unwrap(),
+        std::task::Poll::Pending => panic!("the waiter still waits"),
+    };
+    assert_eq!(late.bytes(), 600);
+    // Its slot was claimed afresh: it cannot be reclaimed from under it now.
+    let shed = bulkhead.try_acquire_bytes(300).unwrap_err();
+    assert_eq!(shed.reason(), tower_inflight::ShedReason::LimitReached);
+    assert_eq!((bulkhead.in_flight(), bulkhead.bytes_reserved()), (1, 600));
+    drop(late);
+    assert_eq!((bulkhead.in_flight(), bulkhead.bytes_reserved()), (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_weighted_grant_that_lost_a_slot_is_never_made_a_lighter_permit() {
+    let clock = ManualClock::new();
+    let bulkhead = Bulkhead::new(
+        Config::new(2, Duration::from_secs(30))
+            .wait(Duration::from_secs(1))
+            .clock(clock.clone()),
+    );
+    let held = bulkhead.try_acquire_weighted(2).unwrap();
+    let waiter = bulkhead.clone();
+    let mut waiter = tokio_test::task::spawn(async move {
+        waiter
+            .acquire_with(tower_inflight::Ticket::new().weight(2))
+            .await
+    });
+    assert!(waiter.poll().is_pending());
+    drop(held); // both slots handed to the waiter, which does not run yet
+    clock.advance(Duration::from_secs(31));
+    let reclaimer = bulkhead.try_acquire().unwrap(); // one of them, reclaimed
+    assert!(reclaimer.was_reclaimed());
+    let late = match waiter.poll() {
+        std::task::Poll::Ready(late) => late,
+        std::task::Poll::Pending => panic!("the waiter still waits"),
+    };
+    assert!(late.is_err(), "a weight of 2 does not run on one slot");
+    assert_eq!(bulkhead.in_flight(), 1);
+    drop(reclaimer);
+    assert_eq!(bulkhead.in_flight(), 0);
+}

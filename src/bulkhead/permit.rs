@@ -163,7 +163,16 @@ pub(crate) struct Granted {
 }
 
 impl Granted {
+    /// Slots claimed for a caller that will make them a permit later: they
+    /// count as held (in the in-flight gauge) from now, since a reclaim may
+    /// take them meanwhile.
     pub(crate) fn new(shared: Arc<Shared>, claim: Claim) -> Self {
+        let claim = if claim.granted() {
+            claim // counted when it was handed over
+        } else {
+            shared.count_grant(&claim);
+            claim.granted_to_waiter()
+        };
         Self {
             shared,
             claim: Some(claim),
@@ -181,12 +190,18 @@ impl Granted {
         let Some(claim) = self.claim.take() else {
             unreachable!("a grant is made a permit once")
         };
-        if self.shared.slots().holds(&claim) {
-            return Shared::permit(&self.shared, claim, bytes);
+        let shared = &self.shared;
+        let now = shared.now();
+        if shared.slots().holds(&claim, now) {
+            return Shared::permit(shared, claim, bytes);
         }
-        self.shared.give_back_unused(&claim);
-        let claim = self.shared.claim_or_shed()?;
-        Shared::permit(&self.shared, claim, bytes)
+        // Its deadline passed before it was used, and its slots may have
+        // been reclaimed: given back, and the call claims its weight afresh.
+        shared.give_back_unused(&claim);
+        let claim = shared
+            .try_claim_weighted(claim.weight(), now)
+            .map_err(|reason| shared.saturated_at(reason, now))?;
+        Shared::permit(shared, claim, bytes)
     }
 }
 

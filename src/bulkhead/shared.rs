@@ -274,6 +274,13 @@ impl Shared {
         }
     }
 
+    /// Counts the slots of `claim`, made for a caller that will make them a
+    /// permit later, as held in the in-flight gauge (its reclaimed slots were
+    /// counted already).
+    pub(crate) fn count_grant(&self, claim: &Claim) {
+        self.observer.held(claim.weight() - claim.reclaimed_slots());
+    }
+
     /// Gives back a claim that never became a permit (its caller went away,
     /// or its bytes did not fit), and hands its slots on. It is not counted
     /// as admitted; its reclaims count as any claim's do, and the slots they

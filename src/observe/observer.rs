@@ -140,6 +140,15 @@ impl Observer {
         }
     }
 
+    /// `slots` more slots are held, ahead of their admission.
+    pub(crate) fn held(&self, slots: usize) {
+        #[cfg(feature = "metrics")]
+        if slots > 0 {
+            self.metrics.in_flight.increment(slots as f64);
+        }
+        let _ = slots;
+    }
+
     /// The in-flight gauge, to count slots handed to waiting callers.
     #[cfg(feature = "metrics")]
     pub(crate) fn in_flight_gauge(&self) -> metrics::Gauge {

@@ -62,10 +62,12 @@ impl SlotTable {
         Some(epoch)
     }
 
-    /// Whether `claim` still holds its slot: no reclaim or reset has taken
-    /// it over.
-    pub(crate) fn holds(&self, claim: &Claim) -> bool {
-        self.slots[claim.index()].word.load(Ordering::SeqCst) == claim.word()
+    /// Whether `claim` still holds its slot at `now`: no reclaim or reset
+    /// has taken it over, and its deadline has not passed (past it, anyone
+    /// may reclaim the slot).
+    pub(crate) fn holds(&self, claim: &Claim, now: u64) -> bool {
+        deadline(claim.word()) > now
+            && self.slots[claim.index()].word.load(Ordering::SeqCst) == claim.word()
     }
 
     /// The holder of `claim` takes its `bytes` off its slot's record, to give

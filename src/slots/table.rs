@@ -181,12 +181,17 @@ impl SlotTable {
         for slot in self.slots.iter() {
             // `SeqCst`, as a release is: a slot freed here is found by
             // waiters exactly as a released one is.
-            let _ = slot
+            let previous = slot
                 .word
                 .fetch_update(Ordering::SeqCst, Ordering::Relaxed, |word| {
                     Some(next_generation(word))
-                });
-            slot.bytes.store(0, Ordering::SeqCst);
+                })
+                .unwrap_or_else(|word| word);
+            // An empty record tagged with the new generation, never 0: a
+            // holder from before the reset that is about to record its bytes
+            // compares against the record it read, which no longer matches.
+            slot.bytes
+                .store(next_generation(previous), Ordering::SeqCst);
         }
         if let Some(budget) = &self.budget {
             budget.reset();

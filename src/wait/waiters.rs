@@ -402,15 +402,21 @@ impl Waiters {
             // The very entry seen, even if a custom order would now pick another.
             let head = queue.take(place);
             let claim = claim.granted_to_waiter();
+            // Counted before the caller can see it: it may run, and release,
+            // at once. Reclaimed slots were counted as held already.
+            #[cfg(feature = "metrics")]
+            let counted = (claim.weight() - claim.reclaimed_slots()) as f64;
+            #[cfg(feature = "metrics")]
+            if let Some(gauge) = &self.in_flight {
+                gauge.increment(counted);
+            }
             if !self.resolve(queue, &head, NodeState::Granted(claim), woken) {
                 // Cannot happen while the queue is locked; never strand the slot.
                 slots.release(&claim);
-                continue;
-            }
-            #[cfg(feature = "metrics")]
-            if let Some(gauge) = &self.in_flight {
-                // Reclaimed slots were counted as held already.
-                gauge.increment((claim.weight() - claim.reclaimed_slots()) as f64);
+                #[cfg(feature = "metrics")]
+                if let Some(gauge) = &self.in_flight {
+                    gauge.decrement(counted);
+                }
             }
         }
         if self.count() == 0 {
