@@ -309,8 +309,14 @@ fn forgotten_borrowed_permit_is_reclaimed_and_its_late_drop_frees_nothing() {
     assert_eq!(bulkhead.in_flight(), 0);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_grant_used_after_its_slot_was_reclaimed_never_takes_the_new_holder_s_bytes() {
+/// A bulkhead whose only slot was handed to a caller waiting for it with
+/// `bytes`, which has not run since; its clock then passes the deadline.
+fn a_waiter_handed_a_slot_and_left_past_its_deadline(
+    bytes: u64,
+) -> (
+    Bulkhead,
+    tokio_test::task::Spawn<impl Future<Output = Result<tower_inflight::Permit, ServiceSaturated>>>,
+) {
     let clock = ManualClock::new();
     let bulkhead = Bulkhead::new(
         Config::new(1, Duration::from_secs(30))
@@ -320,17 +326,28 @@ async fn a_grant_used_after_its_slot_was_reclaimed_never_takes_the_new_holder_s_
     );
     let held = bulkhead.try_acquire().unwrap();
     let waiter = bulkhead.clone();
-    let mut waiter = tokio_test::task::spawn(async move { waiter.acquire_bytes(300).await });
+    let mut waiter = tokio_test::task::spawn(async move { waiter.acquire_bytes(bytes).await });
     assert!(waiter.poll().is_pending());
     drop(held); // handed to the waiter, which does not run yet
     clock.advance(Duration::from_secs(31));
+    (bulkhead, waiter)
+}
+
+/// What the waiter gets when it runs at last.
+fn outcome<T>(waiter: &mut tokio_test::task::Spawn<impl Future<Output = T>>) -> T {
+    match waiter.poll() {
+        Poll::Ready(outcome) => outcome,
+        Poll::Pending => panic!("the waiter still waits"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grant_used_after_its_slot_was_reclaimed_never_takes_the_new_holder_s_bytes() {
+    let (bulkhead, mut waiter) = a_waiter_handed_a_slot_and_left_past_its_deadline(300);
     let reclaimer = bulkhead.try_acquire_bytes(500).unwrap();
     assert!(reclaimer.was_reclaimed());
-    // The waiter runs at last: its slot is gone, and no other is free.
-    let late = match waiter.poll() {
-        std::task::Poll::Ready(late) => late,
-        std::task::Poll::Pending => panic!("the waiter still waits"),
-    };
+    // Its slot is gone, and no other is free.
+    let late = outcome(&mut waiter);
     assert!(
         late.is_err(),
         "it does not hold a slot beside the reclaimer"
@@ -347,23 +364,8 @@ async fn a_grant_used_after_its_slot_was_reclaimed_never_takes_the_new_holder_s_
 
 #[tokio::test(start_paused = true)]
 async fn a_grant_used_after_its_deadline_takes_a_fresh_slot_and_the_limit_holds() {
-    let clock = ManualClock::new();
-    let bulkhead = Bulkhead::new(
-        Config::new(1, Duration::from_secs(30))
-            .wait(Duration::from_secs(1))
-            .max_bytes(1000)
-            .clock(clock.clone()),
-    );
-    let held = bulkhead.try_acquire().unwrap();
-    let waiter = bulkhead.clone();
-    let mut waiter = tokio_test::task::spawn(async move { waiter.acquire_bytes(600).await });
-    assert!(waiter.poll().is_pending());
-    drop(held); // handed to the waiter, which does not run yet
-    clock.advance(Duration::from_secs(31)); // past its deadline, not yet reclaimed
-    let late = match waiter.poll() {
-        std::task::Poll::Ready(late) => late.unwrap(),
-        std::task::Poll::Pending => panic!("the waiter still waits"),
-    };
+    let (bulkhead, mut waiter) = a_waiter_handed_a_slot_and_left_past_its_deadline(600);
+    let late = outcome(&mut waiter).unwrap();
     assert_eq!(late.bytes(), 600);
     // Its slot was claimed afresh: it cannot be reclaimed from under it now.
     let shed = bulkhead.try_acquire_bytes(300).unwrap_err();
@@ -393,10 +395,7 @@ async fn a_weighted_grant_that_lost_a_slot_is_never_made_a_lighter_permit() {
     clock.advance(Duration::from_secs(31));
     let reclaimer = bulkhead.try_acquire().unwrap(); // one of them, reclaimed
     assert!(reclaimer.was_reclaimed());
-    let late = match waiter.poll() {
-        std::task::Poll::Ready(late) => late,
-        std::task::Poll::Pending => panic!("the waiter still waits"),
-    };
+    let late = outcome(&mut waiter);
     assert!(late.is_err(), "a weight of 2 does not run on one slot");
     assert_eq!(bulkhead.in_flight(), 1);
     drop(reclaimer);
