@@ -177,34 +177,27 @@ impl Acquire {
                 }
                 StateProj::Parked { place, budget } => {
                     let shared = &place.shared;
-                    if let Poll::Ready(outcome) = shared.waiters().poll_granted(&place.node, cx) {
-                        let (outcome, end) = match outcome {
-                            Ok(claim) => (
-                                Ok(Granted::new(this.shared.clone(), claim)),
-                                WaitEnd::Admitted,
-                            ),
-                            Err(reason) => (Err(reason), WaitEnd::Abandoned),
-                        };
-                        place.record(end);
-                        let outcome = outcome.map_err(|reason| place.shared.saturated(reason));
-                        this.state.set(State::Done);
-                        return Poll::Ready(outcome);
-                    }
-                    ready!(budget.poll(cx));
-                    let left =
-                        shared
-                            .waiters()
-                            .leave(&place.node, shared.slots(), shared.now(), true);
-                    let (outcome, end) = match left {
-                        Left::Granted(claim) => (
-                            Ok(Granted::new(this.shared.clone(), claim)),
-                            WaitEnd::Admitted,
-                        ),
-                        // Turned away (closed, cancelled) as its budget ran
-                        // out: refused, not expired.
-                        Left::Refused(reason) => (Err(reason), WaitEnd::Abandoned),
-                        Left::Waiting => (Err(ShedReason::WaitExpired), WaitEnd::Expired),
+                    let (outcome, end) = match shared.waiters().poll_granted(&place.node, cx) {
+                        Poll::Ready(Ok(claim)) => (Ok(claim), WaitEnd::Admitted),
+                        // Turned away (closed, cancelled): refused, not expired.
+                        Poll::Ready(Err(reason)) => (Err(reason), WaitEnd::Abandoned),
+                        Poll::Pending => {
+                            ready!(budget.poll(cx));
+                            let now = shared.now();
+                            match shared
+                                .waiters()
+                                .leave(&place.node, shared.slots(), now, true)
+                            {
+                                Left::Granted(claim) => (Ok(claim), WaitEnd::Admitted),
+                                // Turned away as its budget ran out.
+                                Left::Refused(reason) => (Err(reason), WaitEnd::Abandoned),
+                                Left::Waiting => (Err(ShedReason::WaitExpired), WaitEnd::Expired),
+                            }
+                        }
                     };
+                    // The slots in a guard before the end is recorded: the
+                    // event hook it calls may panic.
+                    let outcome = outcome.map(|claim| Granted::new(this.shared.clone(), claim));
                     place.record(end);
                     let outcome = outcome.map_err(|reason| place.shared.saturated(reason));
                     this.state.set(State::Done);

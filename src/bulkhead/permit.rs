@@ -231,24 +231,13 @@ impl ByteReservation {
 impl Drop for Permit {
     #[inline(always)]
     fn drop(&mut self) {
-        if self.share.bytes() != 0 {
-            let share = self.take_bytes();
-            give_back(&self.shared, share);
-        }
-        self.shared.release_permit(&self.claim);
+        self.shared.let_go(&self.claim, self.share);
     }
 }
 
 impl Drop for ByteReservation {
     fn drop(&mut self) {
-        give_back(&self.shared, self.share);
-    }
-}
-
-fn give_back(shared: &Shared, share: Share) {
-    if share.bytes() != 0 {
-        shared.slots().give_back_bytes(share.bytes(), share.epoch());
-        shared.observer().bytes(|| shared.slots().bytes_reserved());
+        self.shared.give_back_bytes(self.share);
     }
 }
 

@@ -163,8 +163,7 @@ impl Shared {
         impl Drop for GiveBackOnUnwind<'_> {
             fn drop(&mut self) {
                 if self.armed {
-                    self.shared.give_back_share(&self.claim, self.share);
-                    self.shared.release_permit(&self.claim);
+                    self.shared.let_go(&self.claim, self.share);
                 }
             }
         }
@@ -179,11 +178,30 @@ impl Shared {
         guard.armed = false;
     }
 
+    /// The holder of `claim` lets go of its slots, and of the bytes of
+    /// `share` still recorded on them: a permit's drop, or an event hook
+    /// that panicked before the permit was built.
+    #[inline(always)]
+    pub(crate) fn let_go(&self, claim: &Claim, share: Share) {
+        if share.bytes() != 0 {
+            self.give_back_share(claim, share);
+        }
+        self.release_permit(claim);
+    }
+
     /// Takes the bytes of `share` off the slot of `claim` and gives them
     /// back to the budget; nothing if a reclaim or a reset gave them back
     /// already.
-    pub(crate) fn give_back_share(&self, claim: &Claim, share: Share) {
-        if share.bytes() != 0 && self.slots.unrecord_bytes(claim, share.bytes()) {
+    fn give_back_share(&self, claim: &Claim, share: Share) {
+        if self.slots.unrecord_bytes(claim, share.bytes()) {
+            self.give_back_bytes(share);
+        }
+    }
+
+    /// Gives the bytes of `share`, no longer recorded on any slot, back to
+    /// the budget.
+    pub(crate) fn give_back_bytes(&self, share: Share) {
+        if share.bytes() != 0 {
             self.slots.give_back_bytes(share.bytes(), share.epoch());
             self.observer.bytes(|| self.slots.bytes_reserved());
         }
@@ -296,7 +314,6 @@ impl Shared {
             claim.reclaimed_slots().min(freed)
         };
         self.observer.unused(claim.reclaimed_slots(), counted);
-        self.observer.reclaimed_events(claim.reclaimed_slots());
     }
 
     pub(super) fn totals(&self) -> Totals {

@@ -134,6 +134,7 @@ impl Observer {
     pub(crate) fn unused(&self, reclaimed: usize, counted: usize) {
         if reclaimed > 0 {
             self.reclaimed(reclaimed);
+            self.reclaimed_events(reclaimed);
         }
         if counted > 0 {
             self.released(None, counted);

@@ -86,6 +86,8 @@ impl Readiness {
         if let Readiness::Idle = self {
             let shared = bulkhead.shared();
             return match shared.claim_or_shed() {
+                // Without bytes (the tower layer, always), the permit is
+                // built in place: not through `Shared::permit`'s `Result`.
                 Ok(claim) if bytes == 0 => admitted(Permit::new(shared.clone(), claim)),
                 Ok(claim) => match Shared::permit(shared, claim, bytes) {
                     Ok(permit) => admitted(permit),
