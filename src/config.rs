@@ -198,10 +198,7 @@ impl Config {
         if self.limit > MAX_SLOTS {
             return Err(ConfigError::new(
                 "limit",
-                format!(
-                    "{} is over the maximum of {MAX_SLOTS}: a saturated acquire scans every slot",
-                    self.limit
-                ),
+                format!("{} is over the maximum of {MAX_SLOTS}", self.limit),
             ));
         }
         if self.reclaim_after.is_zero() {

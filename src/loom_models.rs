@@ -279,3 +279,80 @@ fn loom_a_failing_weighted_claim_never_sheds_a_light_caller_beside_a_free_slot()
         }
     });
 }
+
+/// A table of two slots whose bits are both stale: the thread's start slot
+/// and the other, both held (claimed without touching the free map).
+fn two_stale_bits() -> (Arc<SlotTable>, crate::slots::Claim, crate::slots::Claim) {
+    let table = Arc::new(SlotTable::new(2, HOLD, None));
+    // Every model thread shares one start slot: the first claim takes it,
+    // the second finds the other through the map.
+    let start = table.try_claim(1, Ordering::Relaxed).unwrap();
+    let other = table.try_claim(1, Ordering::Relaxed).unwrap();
+    (table, start, other)
+}
+
+/// The free map's one window: a cleaner clears the bit of a slot it saw
+/// held, and the slot comes free before it reads the slot again. A claim
+/// that starts after the release has returned must still find the slot,
+/// whatever the cleaner is doing: it waits for the cleaner's bracket to
+/// close rather than shed.
+#[test]
+fn loom_a_claim_after_a_release_finds_the_slot_while_a_cleaner_clears_bits() {
+    loom::model(|| {
+        let (table, _start, other) = two_stale_bits();
+        let released = Arc::new(AtomicUsize::new(0));
+        let releaser = {
+            let (table, released) = (table.clone(), released.clone());
+            thread::spawn(move || {
+                assert_eq!(table.release(&other), 1);
+                released.store(1, Ordering::SeqCst);
+            })
+        };
+        let cleaner = {
+            let table = table.clone();
+            // A search that takes nothing: it clears the stale bits it meets.
+            thread::spawn(move || table.any_free(1))
+        };
+        let after_release = released.load(Ordering::SeqCst) == 1;
+        let claim = table.try_claim(1, Ordering::Relaxed);
+        if after_release {
+            assert!(claim.is_some(), "shed beside a slot released before");
+        }
+        releaser.join().unwrap();
+        cleaner.join().unwrap();
+        if let Some(claim) = claim {
+            assert_eq!(claim.index(), other.index());
+            assert_eq!(table.release(&claim), 1);
+        }
+        // Whatever happened, the freed slot is found once everyone is done.
+        assert!(table.any_free(1), "a free slot the map no longer shows");
+    });
+}
+
+/// A leaked slot whose bit was cleared comes free at its deadline with no
+/// release to set the bit: the first search that finds nothing after that
+/// surveys the table and takes it, while a release and a cleaner race it.
+#[test]
+fn loom_a_leaked_slot_with_a_clear_bit_is_found_after_its_deadline() {
+    loom::model(|| {
+        let (table, start, leaked) = two_stale_bits();
+        // A search clears both stale bits (both slots held).
+        assert!(!table.any_free(1));
+        let expired = 1 + HOLD;
+        let releaser = {
+            let table = table.clone();
+            thread::spawn(move || table.release(&start))
+        };
+        let cleaner = {
+            let table = table.clone();
+            thread::spawn(move || table.any_free(1))
+        };
+        let claim = table.try_claim(expired, Ordering::Relaxed);
+        let claim = claim.expect("the leaked slot had expired: never shed");
+        if claim.index() == leaked.index() {
+            assert!(claim.reclaimed(), "the leaked slot taken but not reclaimed");
+        }
+        releaser.join().unwrap();
+        cleaner.join().unwrap();
+    });
+}

@@ -23,10 +23,16 @@ thread_local! {
     // `const` and free of `Drop`: reading it never allocates, which a
     // counter inside the allocator depends on.
     static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+    /// Bytes allocated and not freed, by this thread.
+    static BYTES: Cell<isize> = const { Cell::new(0) };
 }
 
 fn count_one() {
     ALLOCATIONS.with(|count| count.set(count.get() + 1));
+}
+
+fn count_bytes(bytes: isize) {
+    BYTES.with(|count| count.set(count.get() + bytes));
 }
 
 // SAFETY: every call forwards to the system allocator unchanged; the
@@ -34,15 +40,18 @@ fn count_one() {
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count_one();
+        count_bytes(layout.size() as isize);
         System.alloc(layout)
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        count_bytes(-(layout.size() as isize));
         System.dealloc(ptr, layout)
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         count_one();
+        count_bytes(new_size as isize - layout.size() as isize);
         System.realloc(ptr, layout, new_size)
     }
 }
@@ -144,4 +153,32 @@ fn a_classified_call_and_a_borrowed_or_weighted_permit_allocate_nothing() {
     });
     assert_eq!(count, 0);
     assert_eq!(bulkhead.in_flight(), 0);
+}
+
+/// Bytes a bulkhead of `limit` slots keeps, per slot.
+fn bytes_per_slot(limit: usize) -> f64 {
+    let before = BYTES.with(Cell::get);
+    let bulkhead = Bulkhead::new(Config::new(limit, Duration::from_secs(30)));
+    let kept = BYTES.with(Cell::get) - before;
+    drop(bulkhead);
+    kept as f64 / limit as f64
+}
+
+#[test]
+fn a_large_table_takes_at_most_17_bytes_a_slot() {
+    // Beside the slots, a few kilobytes whatever the limit (the counting
+    // lanes, the waiter line, the observer).
+    for limit in [65_536, 1 << 20] {
+        let bytes = bytes_per_slot(limit);
+        assert!(bytes <= 17.0, "{bytes:.2} bytes a slot at limit {limit}");
+    }
+}
+
+#[test]
+fn a_small_table_gives_each_slot_a_cache_line_of_its_own() {
+    let bytes = bytes_per_slot(1024);
+    assert!(
+        (64.0..80.0).contains(&bytes),
+        "{bytes:.2} bytes a slot at limit 1024"
+    );
 }

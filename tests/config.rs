@@ -7,7 +7,7 @@ use tower_inflight::{Bulkhead, ConcurrencyLayer, Config, ConfigError, ManualCloc
 const SECOND: Duration = Duration::from_secs(1);
 const DAY: Duration = Duration::from_secs(86_400);
 const YEAR: Duration = Duration::from_secs(365 * 86_400);
-const MAX_LIMIT: usize = 1 << 16;
+const MAX_LIMIT: usize = 1 << 20;
 
 /// Checks that both fallible constructors refuse `config` for `field`, and
 /// that the error's `Display` names the field.
@@ -48,7 +48,7 @@ fn limit_over_the_maximum_is_refused_naming_limit() {
 
 #[test]
 fn limit_at_the_maximum_is_accepted() {
-    let bulkhead = Bulkhead::try_new(Config::new(MAX_LIMIT, SECOND)).expect("65536 is allowed");
+    let bulkhead = Bulkhead::try_new(Config::new(MAX_LIMIT, SECOND)).expect("1,048,576 is allowed");
     assert_eq!(bulkhead.limit(), MAX_LIMIT);
     assert_eq!(bulkhead.available(), MAX_LIMIT);
 }

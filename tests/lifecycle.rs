@@ -7,7 +7,7 @@ use support::spawn_acquire;
 use std::time::Duration;
 use tower::{Layer, Service, ServiceExt};
 use tower_inflight::{
-    BoxError, Bulkhead, ConcurrencyLayer, Config, ServiceSaturated, ShedReason, Ticket,
+    BoxError, Bulkhead, ConcurrencyLayer, Config, ManualClock, ServiceSaturated, ShedReason, Ticket,
 };
 
 const WAIT: Duration = Duration::from_millis(100);
@@ -100,6 +100,41 @@ async fn drain_resolves_when_the_last_call_finishes() {
         took >= Duration::from_millis(100) && took < Duration::from_millis(110),
         "{took:?}"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn drain_is_woken_by_the_last_release_not_by_a_poll() {
+    let bulkhead = waiting(1);
+    let held = bulkhead.try_acquire().unwrap();
+    // Between two of the drain's 100 ms rechecks: only the release's own
+    // wake-up ends the drain at 130 ms.
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(130)).await;
+        drop(held);
+    });
+    let started = tokio::time::Instant::now();
+    bulkhead.drain(Duration::from_secs(1)).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_millis(130));
+}
+
+#[tokio::test(start_paused = true)]
+async fn drain_reclaims_a_leaked_slot_at_its_deadline() {
+    let clock = ManualClock::new();
+    let reclaim = Duration::from_secs(30);
+    let bulkhead = Bulkhead::new(Config::new(2, reclaim).max_bytes(100).clock(clock.clone()));
+    std::mem::forget(bulkhead.try_acquire_bytes(60).unwrap());
+    let timed_out = bulkhead
+        .drain(Duration::from_millis(250))
+        .await
+        .unwrap_err();
+    assert_eq!(timed_out.in_flight, 1, "held until its deadline");
+
+    clock.advance(reclaim);
+    bulkhead.drain(Duration::from_secs(1)).await.unwrap();
+    assert_eq!(bulkhead.in_flight(), 0);
+    assert_eq!(bulkhead.bytes_reserved(), 0, "its bytes came back with it");
+    assert_eq!(bulkhead.status().totals.reclaimed, 1);
+    assert!(bulkhead.try_acquire_bytes(100).is_ok());
 }
 
 #[tokio::test(start_paused = true)]

@@ -146,8 +146,33 @@ impl Model {
         self.slots[position].holder.is_some_and(|h| h.id == id)
     }
 
-    fn acquire(&mut self, bytes: u64) -> Admission {
-        let Some(position) = self.slots.iter().position(|slot| !self.is_live(slot)) else {
+    /// Slots held, expired or not: a leaked slot counts until it is
+    /// reclaimed.
+    fn held(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|slot| slot.holder.is_some())
+            .count()
+    }
+
+    /// The slot to take: the one the bulkhead chose, if the model agrees it
+    /// was free (the bulkhead may pick any free slot). For a call it shed
+    /// for its bytes, whose claim was given back: an expired one if the
+    /// bulkhead counted a reclaim, else a released one. Else the first free.
+    fn choose(&self, chosen: Option<usize>, reclaimed: bool) -> Option<usize> {
+        let free = |position: &usize| !self.is_live(&self.slots[*position]);
+        chosen
+            .filter(|position| *position < self.limit && free(position))
+            .or_else(|| {
+                (0..self.limit)
+                    .filter(free)
+                    .find(|&position| self.slots[position].holder.is_some() == reclaimed)
+            })
+            .or_else(|| (0..self.limit).find(free))
+    }
+
+    fn acquire(&mut self, bytes: u64, chosen: Option<usize>, reclaimed: bool) -> Admission {
+        let Some(position) = self.choose(chosen, reclaimed) else {
             return Admission::Shed(ShedReason::LimitReached);
         };
         let id = self.next_id;
@@ -205,21 +230,34 @@ impl Model {
         }
     }
 
-    /// A weighted acquire takes the first `weight` free slots in scan order
-    /// (the last of them stands for the permit) or none.
-    fn acquire_weighted(&mut self, weight: usize) -> Admission {
+    /// A weighted acquire takes `weight` free slots (the first stands for
+    /// the permit) or none: those the bulkhead chose, if the model agrees
+    /// they were free, else the first free ones.
+    fn acquire_weighted(&mut self, weight: usize, chosen: &[usize]) -> Admission {
         if weight == 0 || weight > self.limit {
             return Admission::Shed(ShedReason::InvalidWeight);
         }
         if weight == 1 {
-            return self.acquire(0);
+            return self.acquire(0, chosen.first().copied(), false);
         }
-        let free: Vec<usize> = (0..self.limit)
+        let all_free: Vec<usize> = (0..self.limit)
             .filter(|&position| !self.is_live(&self.slots[position]))
             .collect();
-        if free.len() < weight {
+        if all_free.len() < weight {
             return Admission::Shed(ShedReason::LimitReached);
         }
+        let mut distinct = chosen.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let free: Vec<usize> = if chosen.len() == weight
+            && distinct.len() == weight
+            && chosen.iter().all(|position| all_free.contains(position))
+        {
+            // The companions first, the slot that stands for the permit last.
+            chosen[1..].iter().chain(&chosen[..1]).copied().collect()
+        } else {
+            all_free
+        };
         let id = self.next_id;
         self.next_id += 1;
         let mut reclaimed = false;
@@ -284,6 +322,14 @@ impl Model {
     }
 }
 
+/// The slots an admitted permit holds, its own first.
+fn chosen(actual: &Result<Permit, ServiceSaturated>) -> Vec<usize> {
+    actual
+        .as_ref()
+        .map(Permit::slot_indices)
+        .unwrap_or_default()
+}
+
 struct Harness {
     bulkhead: Bulkhead,
     clock: ManualClock,
@@ -313,17 +359,25 @@ impl Harness {
         match *op {
             Op::TryAcquire => {
                 let actual = self.bulkhead.try_acquire();
-                let expected = self.model.acquire(0);
+                let expected = self
+                    .model
+                    .acquire(0, chosen(&actual).first().copied(), false);
                 self.check_admission(actual, expected)?;
             }
             Op::TryAcquireBytes(bytes) => {
+                let reclaimed_before = self.bulkhead.status().totals.reclaimed;
                 let actual = self.bulkhead.try_acquire_bytes(bytes);
-                let expected = self.model.acquire(bytes);
+                let reclaimed = self.bulkhead.status().totals.reclaimed > reclaimed_before;
+                let chosen = chosen(&actual).first().copied().or_else(|| {
+                    // Shed for its bytes after reclaiming a slot, given back.
+                    reclaimed.then(|| self.slot_lost_by_a_refusal()).flatten()
+                });
+                let expected = self.model.acquire(bytes, chosen, reclaimed);
                 self.check_admission(actual, expected)?;
             }
             Op::TryAcquireWeighted(weight) => {
                 let actual = self.bulkhead.try_acquire_weighted(weight);
-                let expected = self.model.acquire_weighted(weight);
+                let expected = self.model.acquire_weighted(weight, &chosen(&actual));
                 self.check_admission(actual, expected)?;
             }
             Op::Release(index) => {
@@ -398,6 +452,19 @@ impl Harness {
         Ok(())
     }
 
+    /// The expired slot a call refused for its bytes reclaimed and gave
+    /// back: the one the model has as held, expired, that the bulkhead has
+    /// as released.
+    fn slot_lost_by_a_refusal(&self) -> Option<usize> {
+        let model = &self.model;
+        (0..model.limit).find(|&position| {
+            let slot = &model.slots[position];
+            slot.holder.is_some()
+                && !model.is_live(slot)
+                && self.bulkhead.slot_is_released(position)
+        })
+    }
+
     fn drop_reservation_at(&mut self, i: usize) {
         let reserved = self.reservations.remove(i);
         self.model.give_back(reserved.bytes, reserved.epoch);
@@ -457,9 +524,10 @@ impl Harness {
     fn check(&self) -> Result<(), TestCaseError> {
         let model = &self.model;
         let live = model.live();
-        prop_assert_eq!(self.bulkhead.in_flight(), live, "in_flight()");
-        prop_assert!(live <= model.limit);
-        prop_assert_eq!(self.bulkhead.available(), model.limit - live, "available()");
+        let held = model.held();
+        prop_assert_eq!(self.bulkhead.in_flight(), held, "in_flight()");
+        prop_assert!(held <= model.limit);
+        prop_assert_eq!(self.bulkhead.available(), model.limit - held, "available()");
         prop_assert_eq!(
             self.bulkhead.is_saturated(),
             live == model.limit,
@@ -536,18 +604,16 @@ impl Harness {
             self.check()?;
         }
         self.apply(&Op::Advance(HOLD_US))?;
+        let abandoned = self.model.held();
         prop_assert_eq!(
             self.bulkhead.in_flight(),
-            0,
+            abandoned,
+            "leaked slots count until they are reclaimed"
+        );
+        prop_assert!(
+            !self.bulkhead.is_saturated(),
             "a slot outlived reclaim_after"
         );
-
-        let abandoned = self
-            .model
-            .slots
-            .iter()
-            .filter(|slot| slot.holder.is_some())
-            .count();
         prop_assert!(abandoned <= self.model.forgotten);
         let permits: Vec<Permit> = (0..self.model.limit)
             .map(|_| self.bulkhead.try_acquire())
@@ -626,7 +692,7 @@ proptest! {
             harness.drop_reservation_at(0);
         }
         harness.clock.advance(Duration::from_micros(HOLD_US));
-        prop_assert_eq!(harness.bulkhead.in_flight(), 0);
+        prop_assert!(!harness.bulkhead.is_saturated());
         let reserved = harness.bulkhead.bytes_reserved();
         let whole = harness.bulkhead.try_acquire_bytes(MAX_BYTES);
         prop_assert!(
@@ -658,7 +724,8 @@ fn forgotten_bytes_come_back_even_when_another_slot_is_free() {
     std::mem::forget(bulkhead.try_acquire_bytes(800).unwrap()); // the next one
     drop(first);
     clock.advance(reclaim * 10);
-    assert_eq!(bulkhead.in_flight(), 0, "the forgotten slot has expired");
+    assert!(!bulkhead.is_saturated(), "the forgotten slot has expired");
+    assert_eq!(bulkhead.in_flight(), 1, "and counts until it is reclaimed");
 
     let mut shed = 0;
     for _ in 0..100 {

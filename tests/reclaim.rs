@@ -28,8 +28,12 @@ fn forgotten_permit_is_reclaimed_after_reclaim_after() {
     assert!(bulkhead.try_acquire().is_err());
 
     clock.advance(RECLAIM);
-    assert_eq!(bulkhead.in_flight(), 0, "the expired slot counts as free");
-    assert!(!bulkhead.is_saturated());
+    assert!(!bulkhead.is_saturated(), "the expired slot can be taken");
+    assert_eq!(
+        bulkhead.in_flight(),
+        1,
+        "and counts as held until it is reclaimed"
+    );
     let permit = bulkhead
         .try_acquire()
         .expect("the leaked slot was reclaimed");
@@ -75,7 +79,7 @@ fn forgotten_permit_with_bytes_gives_its_bytes_back_after_reclaim_after() {
     std::mem::forget(bulkhead.try_acquire_bytes(800).unwrap());
     assert!(bulkhead.try_acquire_bytes(800).is_err());
     clock.advance(RECLAIM);
-    assert_eq!(bulkhead.in_flight(), 0, "the slot was reclaimed");
+    assert!(!bulkhead.is_saturated(), "the slot can be reclaimed");
     assert!(
         bulkhead.try_acquire_bytes(800).is_ok(),
         "the slot came back but its {} reserved bytes never will",
@@ -104,7 +108,6 @@ fn each_leaked_slot_is_reclaimed_by_its_own_deadline() {
     clock.advance(RECLAIM / 2);
     std::mem::forget(bulkhead.try_acquire().unwrap());
     clock.advance(RECLAIM / 2);
-    assert_eq!(bulkhead.in_flight(), 1, "only the first leak has expired");
     let first = bulkhead.try_acquire().unwrap();
     assert!(first.was_reclaimed());
     assert!(bulkhead.try_acquire().is_err());
@@ -223,7 +226,7 @@ async fn forgotten_response_future_is_reclaimed_after_reclaim_after() {
     shed_of(&error);
 
     clock.advance(NANO);
-    assert_eq!(bulkhead.in_flight(), 0);
+    assert!(!bulkhead.is_saturated());
     let permit = bulkhead
         .try_acquire()
         .expect("the leaked slot was reclaimed");
@@ -400,4 +403,57 @@ async fn a_weighted_grant_that_lost_a_slot_is_never_made_a_lighter_permit() {
     assert_eq!(bulkhead.in_flight(), 1);
     drop(reclaimer);
     assert_eq!(bulkhead.in_flight(), 0);
+}
+
+#[test]
+fn a_full_table_of_65536_with_one_leaked_slot_sheds_until_its_deadline_then_admits_into_it() {
+    const LIMIT: usize = 65_536;
+    let (bulkhead, clock) = manual(LIMIT);
+    let mut held: Vec<_> = (0..LIMIT)
+        .map(|_| bulkhead.try_acquire().unwrap())
+        .collect();
+    // One holder vanishes, from the middle of the table.
+    let leaked = held.swap_remove(LIMIT / 3);
+    let leaked_slot = leaked.slot_indices()[0];
+    std::mem::forget(leaked);
+
+    clock.advance(RECLAIM / 2);
+    // The others are released and taken again, so that only the leaked slot
+    // is past its deadline when the time comes.
+    held.clear();
+    let held: Vec<_> = (0..LIMIT - 1)
+        .map(|_| bulkhead.try_acquire().unwrap())
+        .collect();
+    for _ in 0..1000 {
+        assert!(bulkhead.try_acquire().is_err(), "shed beside a held table");
+    }
+    assert!(bulkhead.is_saturated());
+
+    clock.advance(RECLAIM / 2);
+    assert!(!bulkhead.is_saturated());
+    let reclaimer = bulkhead.try_acquire().expect("the leaked slot, reclaimed");
+    assert!(reclaimer.was_reclaimed());
+    assert_eq!(reclaimer.slot_indices(), [leaked_slot]);
+    assert!(bulkhead.try_acquire().is_err());
+    assert_eq!(bulkhead.status().totals.reclaimed, 1);
+    drop((held, reclaimer));
+    assert_eq!(bulkhead.in_flight(), 0);
+}
+
+#[test]
+fn a_table_of_a_million_slots_fills_sheds_and_empties() {
+    const LIMIT: usize = 1 << 20;
+    let (bulkhead, _clock) = manual(LIMIT);
+    let held: Vec<_> = (0..LIMIT)
+        .map(|_| bulkhead.try_acquire().unwrap())
+        .collect();
+    assert_eq!(bulkhead.in_flight(), LIMIT);
+    assert!(bulkhead.try_acquire().is_err());
+    let mut slots: Vec<usize> = held.iter().map(|permit| permit.slot_indices()[0]).collect();
+    slots.sort_unstable();
+    slots.dedup();
+    assert_eq!(slots.len(), LIMIT, "two permits on one slot");
+    drop(held);
+    assert_eq!(bulkhead.in_flight(), 0);
+    assert_eq!(bulkhead.available(), LIMIT);
 }

@@ -167,7 +167,7 @@ impl Acquire {
                     let budget = tokio::time::sleep(wait);
                     this.state.set(State::Parked { place, budget });
                     let observer = shared.observer();
-                    shared.see_in_flight_when_refused(|| shared.now());
+                    shared.see_in_flight_when_refused();
                     observer.parked(shared.waiters().parked());
                     #[cfg(feature = "metrics")]
                     observer.waiting_by_priority(

@@ -1,6 +1,7 @@
 //! The handle users hold: admission, the queries, and the bulkhead's life
 //! (close, drain, reset).
 
+use crate::bulkhead::drain::RECHECK;
 use crate::bulkhead::{Acquire, BorrowedPermit, Permit, Shared};
 use crate::config::{Config, ConfigError};
 use crate::error::ServiceSaturated;
@@ -272,6 +273,13 @@ impl Bulkhead {
             .await
     }
 
+    /// Whether slot `index` is released (held by nobody, expired or not):
+    /// for tests that model the table.
+    #[doc(hidden)]
+    pub fn slot_is_released(&self, index: usize) -> bool {
+        self.shared.slots.is_released(index)
+    }
+
     /// Bytes of the budget reserved now.
     pub fn bytes_reserved(&self) -> u64 {
         self.shared.slots.bytes_reserved()
@@ -286,7 +294,7 @@ impl Bulkhead {
     /// that `reclaim_after` has not reclaimed yet). A snapshot: it may change
     /// before you act on it.
     pub fn in_flight(&self) -> usize {
-        self.shared.slots.held(self.shared.clock.now())
+        self.shared.slots.in_flight()
     }
 
     /// How many calls may be in flight at once.
@@ -330,7 +338,7 @@ impl Bulkhead {
     pub fn status(&self) -> Status {
         let shared = &*self.shared;
         let now = shared.clock.now();
-        let in_flight = shared.slots.held(now);
+        let in_flight = shared.slots.in_flight();
         let totals = shared.totals();
         // Read together, so that the two add up.
         let waiting_by_priority = shared.waiters.depths();
@@ -407,19 +415,32 @@ impl Bulkhead {
     /// Resolves once no call is in flight and nobody is waiting, or fails
     /// with [`DrainTimedOut`] after `timeout`. It does not stop new calls:
     /// [`close`](Self::close) first for that. Needs a Tokio runtime with its
-    /// time driver; it checks every millisecond.
+    /// time driver.
+    ///
+    /// It is woken by the release that ends the last call, and looks again
+    /// at least every 100 ms besides. A slot whose holder vanished (a leaked
+    /// permit) ends at its deadline: the drain reclaims it then.
     pub async fn drain(&self, timeout: Duration) -> Result<(), DrainTimedOut> {
+        let shared = &*self.shared;
         // A timeout past what an instant can hold (`Duration::MAX`) is none.
         let deadline = tokio::time::Instant::now().checked_add(timeout);
+        let _draining = shared.drain.enter();
         loop {
-            let (in_flight, waiting) = (self.in_flight(), self.waiting());
+            // Listening before looking, so that a release in between wakes it.
+            let notified = shared.drain.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            let (in_flight, waiting) = shared.left_to_drain();
             if in_flight == 0 && waiting == 0 {
                 return Ok(());
             }
-            if deadline.is_some_and(|deadline| tokio::time::Instant::now() >= deadline) {
+            let now = tokio::time::Instant::now();
+            if deadline.is_some_and(|deadline| now >= deadline) {
                 return Err(DrainTimedOut { in_flight, waiting });
             }
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            let recheck = now + RECHECK;
+            let wake = deadline.map_or(recheck, |deadline| deadline.min(recheck));
+            let _ = tokio::time::timeout_at(wake, notified).await;
         }
     }
 

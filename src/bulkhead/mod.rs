@@ -8,6 +8,7 @@
 
 mod acquire;
 mod clock;
+mod drain;
 mod handle;
 mod permit;
 mod shared;

@@ -121,6 +121,13 @@ impl Permit {
         self.claim.reclaimed()
     }
 
+    /// The slots this permit holds, by index, the one that stands for it
+    /// first: for tests that model the table.
+    #[doc(hidden)]
+    pub fn slot_indices(&self) -> Vec<usize> {
+        self.shared.slots().slot_indices(&self.claim)
+    }
+
     /// The bytes of the budget this permit holds (0 if none were reserved, or
     /// they were split off).
     pub fn bytes(&self) -> u64 {

@@ -3,6 +3,7 @@
 //! turn of the minute for the status windows, byte reservation, and
 //! refusals.
 
+use crate::bulkhead::drain::DrainSignal;
 use crate::bulkhead::{Clock, Permit};
 use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
@@ -23,6 +24,7 @@ pub(crate) struct Shared {
     pub(super) observer: Observer,
     pub(super) saturation: Option<SaturationSignal>,
     pub(super) codel: Option<Codel>,
+    pub(super) drain: DrainSignal,
     pub(super) config: Config,
 }
 
@@ -59,6 +61,7 @@ impl Shared {
             observer,
             saturation: config.saturation_signal.map(SaturationSignal::new),
             codel: config.codel.map(Codel::new),
+            drain: DrainSignal::default(),
             config,
         })
     }
@@ -127,14 +130,6 @@ impl Shared {
     /// the bytes of `share` (recorded on its slot already) are counted in.
     #[inline(always)]
     pub(crate) fn admitted(&self, claim: &Claim, share: Share) {
-        self.slots.count_admission(claim);
-        if claim.reclaimed() || claim.sample() {
-            self.admitted_rarely(claim);
-        }
-        let at = self.slots.claimed_at(claim);
-        if self.observer.rollups.minute_turned(at.saturating_sub(1)) {
-            self.turn_minute(at, 1);
-        }
         // Reclaimed slots were counted as held already, and slots handed to
         // a waiting caller when they were handed over.
         let newly_held = if claim.granted() {
@@ -142,6 +137,14 @@ impl Shared {
         } else {
             claim.weight() - claim.reclaimed_slots()
         };
+        self.slots.count_admission(newly_held);
+        if claim.reclaimed() || claim.sample() {
+            self.admitted_rarely(claim);
+        }
+        let at = self.slots.claimed_at(claim);
+        if self.observer.rollups.minute_turned(at.saturating_sub(1)) {
+            self.turn_minute(at, 1);
+        }
         self.observer.admitted(newly_held);
         if self.observer.has_hook() {
             self.admitted_events(claim, share);
@@ -215,7 +218,7 @@ impl Shared {
         totals.admitted -= new_admissions.min(totals.admitted);
         self.observer
             .rollups
-            .turn(now.saturating_sub(1), totals, self.slots.held(now));
+            .turn(now.saturating_sub(1), totals, self.slots.in_flight());
     }
 
     #[cold]
@@ -225,8 +228,7 @@ impl Shared {
             self.observer.bytes(|| self.slots.bytes_reserved());
         }
         if claim.sample() {
-            let at = self.slots.claimed_at(claim);
-            self.observer.rollups.see_in_flight(self.slots.held(at));
+            self.observer.rollups.see_in_flight(self.slots.in_flight());
         }
     }
 
@@ -235,6 +237,7 @@ impl Shared {
     pub(crate) fn release_permit(&self, claim: &Claim) {
         let freed = self.slots.release(claim);
         if freed > 0 {
+            self.slots.count_out(freed);
             // The hold time costs a clock read: only sampled claims pay it,
             // and only for the metrics that record it.
             let held = (cfg!(feature = "metrics") && claim.sample()).then(|| {
@@ -248,6 +251,36 @@ impl Shared {
         }
         // The clock is read only if somebody is parked.
         self.waiters.after_release(&self.slots, &self.clock);
+        if self.drain.is_draining() {
+            self.wake_drains_if_done();
+        }
+    }
+
+    /// A drain is under way: if nothing is in flight or waiting now, it is
+    /// woken.
+    #[cold]
+    fn wake_drains_if_done(&self) {
+        if self.slots.in_flight() == 0 && self.waiters.parked() == 0 {
+            self.drain.finished();
+        }
+    }
+
+    /// What a drain waits for: calls in flight and callers waiting. Slots
+    /// of holders that vanished, past their deadline, are reclaimed first:
+    /// no release will ever end them.
+    pub(super) fn left_to_drain(&self) -> (usize, usize) {
+        let mut in_flight = self.slots.in_flight();
+        if in_flight > 0 {
+            let reclaimed = self.slots.reclaim_expired(self.clock.now());
+            if reclaimed > 0 {
+                self.slots.count_out(reclaimed);
+                self.observer.reclaimed(reclaimed);
+                self.observer.reclaimed_events(reclaimed);
+                self.observer.released(None, reclaimed);
+                in_flight = self.slots.in_flight();
+            }
+        }
+        (in_flight, self.waiters.parked())
     }
 
     /// Makes `claim` a permit that holds `bytes` of the byte budget too, or
@@ -296,7 +329,9 @@ impl Shared {
     /// permit later, as held in the in-flight gauge (its reclaimed slots were
     /// counted already).
     pub(crate) fn count_grant(&self, claim: &Claim) {
-        self.observer.held(claim.weight() - claim.reclaimed_slots());
+        let newly_held = claim.weight() - claim.reclaimed_slots();
+        self.slots.count_in(newly_held);
+        self.observer.held(newly_held);
     }
 
     /// Gives back a claim that never became a permit (its caller went away,
@@ -313,6 +348,7 @@ impl Shared {
         } else {
             claim.reclaimed_slots().min(freed)
         };
+        self.slots.count_out(counted);
         self.observer.unused(claim.reclaimed_slots(), counted);
     }
 
@@ -344,6 +380,9 @@ impl Shared {
         if let Some(codel) = &self.codel {
             codel.seen(self.waiters.parked());
         }
+        if self.drain.is_draining() {
+            self.wake_drains_if_done();
+        }
     }
 
     /// The saturation signal counts a wait that ended (or, for a probe that
@@ -373,7 +412,7 @@ impl Shared {
             self.turn_minute(now, 0);
         }
         if reason.is_for_want_of_a_slot() {
-            self.see_in_flight_when_refused(|| now);
+            self.see_in_flight_when_refused();
         }
         ServiceSaturated::new(
             self.observer.rejected(reason),
@@ -391,13 +430,12 @@ impl Shared {
     /// candidate for the minute's in-flight peak. Not always every slot:
     /// with weights, slots too few for a weight, or set aside for a
     /// weighted caller at the head of the line, stand free. They are
-    /// counted (and `now` read) only while the peak is below the limit:
-    /// once it is the limit, nothing can raise it, so sheds under overload
-    /// do not scan the table twice.
-    pub(crate) fn see_in_flight_when_refused(&self, now: impl FnOnce() -> u64) {
+    /// counted only while the peak is below the limit: once it is the
+    /// limit, nothing can raise it, so sheds under overload skip it.
+    pub(crate) fn see_in_flight_when_refused(&self) {
         let rollups = &self.observer.rollups;
         if rollups.peak_below(self.slots.len()) {
-            rollups.see_in_flight(self.slots.held(now()));
+            rollups.see_in_flight(self.slots.in_flight());
         }
     }
 

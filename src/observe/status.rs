@@ -182,8 +182,8 @@ pub struct Window {
     pub mean_wait: Option<Duration>,
     /// The most slots seen held at once. Sampled (whenever a call is shed or
     /// parked for want of a slot, when a minute turns, at `status()`, and at
-    /// a slot's first admission and one in 64 after that), so it can miss a
-    /// short peak below the limit.
+    /// each thread's first admission and one in 64 after that), so it can
+    /// miss a short peak below the limit.
     pub peak_in_flight: usize,
 }
 

@@ -3,6 +3,7 @@
 //! its bytes come back with it, and a holder that is merely late finds its
 //! record gone and gives back nothing twice.
 
+use crate::slots::free_map::Bound;
 use crate::slots::table::{deadline, generation, SlotTable, GENERATION_BITS};
 use crate::slots::{ByteBudget, Claim, Epoch};
 use crate::sync::Ordering;
@@ -16,8 +17,11 @@ impl SlotTable {
     pub(crate) fn reserve_bytes(&self, claim: &Claim, bytes: u64) -> Option<Epoch> {
         let budget = self.budget.as_ref()?;
         let epoch = budget.reserve(bytes)?;
-        let slot = &self.slots[claim.index()];
+        let slot = &self.slot(claim.index());
         let record = (bytes << GENERATION_BITS) | generation(claim.word());
+        // Bytes recorded count in their bound, so that a byte refusal knows
+        // when a survey may find them expired.
+        self.map.lower(Bound::Bytes, deadline(claim.word()));
         // `SeqCst` here and on every access to a record: the holder, a
         // claimer taking the slot over and the sweep for expired bytes each
         // take a record by compare-and-exchange or swap, and the total order
@@ -67,7 +71,7 @@ impl SlotTable {
     /// may reclaim the slot).
     pub(crate) fn holds(&self, claim: &Claim, now: u64) -> bool {
         deadline(claim.word()) > now
-            && self.slots[claim.index()].word.load(Ordering::SeqCst) == claim.word()
+            && self.slot(claim.index()).word.load(Ordering::SeqCst) == claim.word()
     }
 
     /// The holder of `claim` takes its `bytes` off its slot's record, to give
@@ -75,7 +79,7 @@ impl SlotTable {
     /// longer there: a reclaim or a reset has already given them back.
     pub(crate) fn unrecord_bytes(&self, claim: &Claim, bytes: u64) -> bool {
         let record = (bytes << GENERATION_BITS) | generation(claim.word());
-        self.slots[claim.index()]
+        self.slot(claim.index())
             .bytes
             .compare_exchange(
                 record,
@@ -107,7 +111,8 @@ impl SlotTable {
     /// holder that vanished: gives back the bytes that holder had recorded.
     pub(super) fn give_back_recorded_bytes(&self, index: usize, word: u64) {
         let Some(budget) = &self.budget else { return };
-        let record = self.slots[index]
+        let record = self
+            .slot(index)
             .bytes
             .swap(generation(word), Ordering::SeqCst);
         let abandoned = record >> GENERATION_BITS;
@@ -120,9 +125,41 @@ impl SlotTable {
     /// deadline; returns whether any came back.
     ///
     /// A claim recovers an expired holder's bytes only when it lands on that
-    /// very slot, and a free slot earlier in a caller's scan may always be
+    /// very slot, and a free slot earlier in a caller's search may always be
     /// taken first: so when the budget looks spent, this looks for such bytes
-    /// everywhere before a call is shed for them.
+    /// everywhere before a call is shed for them. It reads every slot, but
+    /// only once the earliest deadline among the holders with bytes (as of
+    /// the last survey, lowered by each reservation since) has passed, so
+    /// that a flood of calls refused for their bytes does not read the whole
+    /// table each.
+    #[cold]
+    pub(crate) fn recover_expired_bytes(&self, now: u64) -> bool {
+        if self.budget.is_none() || !self.map.may_have_expired(Bound::Bytes, now) {
+            return false;
+        }
+        self.map
+            .survey(Bound::Bytes, now, || {
+                let mut earliest = u64::MAX;
+                let mut recovered = false;
+                for index in 0..self.len() {
+                    let word = self.slot(index).word.load(Ordering::SeqCst);
+                    let until = deadline(word);
+                    if until > now {
+                        earliest = earliest.min(until);
+                    } else if until != 0 && self.recover_expired_record(index, word) {
+                        recovered = true;
+                        // Its slot, expired, is free: seen by searches too.
+                        self.map.mark_free(index);
+                    }
+                }
+                (earliest, recovered)
+            })
+            .unwrap_or(false)
+    }
+
+    /// Takes the byte record of the expired holder of slot `index`, whose
+    /// word was read as `word`, and gives its bytes back; returns whether
+    /// there were any.
     ///
     /// It takes the holder's record (tagged with the holder's generation)
     /// and leaves the slot's word alone. Taking the record with a
@@ -134,48 +171,39 @@ impl SlotTable {
     /// claim that takes it counts it as reclaimed, so the count of reclaims
     /// and of slots held stay one with the table. The late holder finds its
     /// record gone and gives back nothing.
-    #[cold]
-    pub(crate) fn recover_expired_bytes(&self, now: u64) -> bool {
+    fn recover_expired_record(&self, index: usize, word: u64) -> bool {
         let Some(budget) = &self.budget else {
             return false;
         };
-        let mut recovered = false;
-        for slot in self.slots.iter() {
-            let word = slot.word.load(Ordering::SeqCst);
-            let until = deadline(word);
-            if until == 0 || until > now {
-                continue;
-            }
-            let record = slot.bytes.load(Ordering::SeqCst);
-            let abandoned = record >> GENERATION_BITS;
-            // The record is the expired holder's only if the word is still
-            // its word: read again after the record, so that the record and
-            // the word were both the holder's at once. (A record's identity
-            // is its 22-bit generation: a thread stalled between these reads
-            // and the exchange for 2^22 claims of this one slot could still
-            // take a live holder's record; a slot claimed that often in so
-            // short a stall is out of reach.)
-            if abandoned == 0
-                || generation(record) != generation(word)
-                || slot.word.load(Ordering::SeqCst) != word
-            {
-                continue;
-            }
-            if slot
-                .bytes
-                .compare_exchange(
-                    record,
-                    generation(word),
-                    Ordering::SeqCst,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-            {
-                budget.give_back_abandoned(abandoned);
-                recovered = true;
-            }
+        let slot = self.slot(index);
+        let record = slot.bytes.load(Ordering::SeqCst);
+        let abandoned = record >> GENERATION_BITS;
+        // The record is the expired holder's only if the word is still its
+        // word: read again after the record, so that the record and the word
+        // were both the holder's at once. (A record's identity is its 22-bit
+        // generation: a thread stalled between these reads and the exchange
+        // for 2^22 claims of this one slot could still take a live holder's
+        // record; a slot claimed that often in so short a stall is out of
+        // reach.)
+        if abandoned == 0
+            || generation(record) != generation(word)
+            || slot.word.load(Ordering::SeqCst) != word
+        {
+            return false;
         }
-        recovered
+        let taken = slot
+            .bytes
+            .compare_exchange(
+                record,
+                generation(word),
+                Ordering::SeqCst,
+                Ordering::Relaxed,
+            )
+            .is_ok();
+        if taken {
+            budget.give_back_abandoned(abandoned);
+        }
+        taken
     }
 }
 

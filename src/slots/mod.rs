@@ -7,6 +7,8 @@
 mod budget;
 mod bytes;
 mod claim;
+mod free_map;
+mod lanes;
 mod table;
 mod weighted;
 

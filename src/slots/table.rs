@@ -14,6 +14,17 @@
 //! With a byte budget, a slot also records the bytes its holder reserved
 //! (see `bytes`).
 //!
+//! A claim first tries the slot where its thread starts (see `Lanes`), which
+//! is usually the one the thread released last, without reading anything
+//! else; past it, the free map (see `free_map`) leads to a free slot, or
+//! tells that there is none, in a few words whatever the limit. Counts of
+//! admissions and of slots held are kept in the thread's lane.
+//!
+//! A slot takes 16 bytes. In a table of up to [`SMALL_TABLE`] slots, each is
+//! spread onto a cache line of its own, so callers that hold neighbouring
+//! slots do not slow each other down; a larger table packs four slots a line,
+//! where callers rarely land on the same line.
+//!
 //! # Memory ordering
 //!
 //! A claim is `AcqRel`, so whatever the previous holder did happens-before
@@ -23,46 +34,51 @@
 //! pattern that guarantees either the releaser sees the waiter or the waiter
 //! sees the freed slot, so no caller parks beside a free slot.
 
+use crate::slots::free_map::{Bound, Bracket, FreeMap, CLEAN_BATCH};
+use crate::slots::lanes::{self, Lanes, ThreadLane};
 use crate::slots::{ByteBudget, Claim};
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
-use std::cell::Cell;
 
 pub(super) const GENERATION_BITS: u32 = 22;
 const GENERATION_MASK: u64 = (1 << GENERATION_BITS) - 1;
 /// The largest deadline a word can hold: about 136 years of ticks.
 pub(crate) const MAX_DEADLINE: u64 = u64::MAX >> GENERATION_BITS;
 
-/// The largest `limit` a bulkhead accepts. A saturated acquire reads every
-/// slot, so the table must stay small enough to scan in microseconds.
-pub(crate) const MAX_SLOTS: usize = 1 << 16;
+/// The largest `limit` a bulkhead accepts: what a claim's index can name.
+pub(crate) const MAX_SLOTS: usize = 1 << 20;
 
-/// One slot on its own cache line, so callers that hold neighbouring slots
-/// do not slow each other down.
-#[derive(Debug)]
-#[repr(align(64))]
+/// Tables up to this many slots put each slot on a cache line of its own.
+pub(crate) const SMALL_TABLE: usize = 1024;
+
+/// A claim is chosen to sample the slots held (for the minute's peak, and
+/// for the hold-time histogram) when its thread's admissions, masked with
+/// this, are 0.
+const SAMPLE_MASK: u64 = 63;
+
+#[derive(Debug, Default)]
+#[repr(align(16))]
 pub(super) struct Slot {
     pub(super) word: AtomicU64,
     /// Bytes the holder reserved (high 42 bits) and its generation (low 22).
     pub(super) bytes: AtomicU64,
-    /// Admissions on this slot, ever. Only its holder writes it, on a
-    /// cache line it has just made its own.
-    pub(super) claims: AtomicU64,
 }
 
 #[derive(Debug)]
 pub(crate) struct SlotTable {
-    pub(super) slots: Box<[Slot]>,
+    /// The slots, slot `i` at `i << spread`; the others are padding.
+    slots: Box<[Slot]>,
+    spread: u32,
+    len: usize,
+    pub(super) map: FreeMap,
+    lanes: Lanes,
     /// `reclaim_after`, in ticks.
     pub(super) hold: u64,
     pub(super) budget: Option<ByteBudget>,
     /// The other slots of each weighted claim, found by the claim that
     /// stands for them. Touched only by weighted claims and their releases.
     pub(super) companions: Mutex<Vec<(Claim, Box<[Claim]>)>>,
-    /// A claim samples the table when its slot's claim count, masked with
-    /// this, is 1: at each slot's first claim, then often enough to see
-    /// peaks, and rarely enough that the scan costs under a slot's read per
-    /// claim.
-    sample_mask: u64,
+    /// Held slots that a reset freed: they never count out.
+    reset_held: AtomicU64,
 }
 
 pub(super) fn deadline(word: u64) -> u64 {
@@ -77,75 +93,247 @@ pub(super) fn next_generation(word: u64) -> u64 {
     (word.wrapping_add(1)) & GENERATION_MASK
 }
 
+/// What a search through the free map is for.
+#[derive(Clone, Copy)]
+enum Want {
+    /// Take the first free slot, writing this held word over it.
+    Take { held_until: u64 },
+    /// Count free slots, up to this many.
+    Count(usize),
+}
+
+/// A search through the free map, from the top, starting each word where
+/// `start` leads, so that threads spread out.
+struct Search<'a> {
+    table: &'a SlotTable,
+    now: u64,
+    order: Ordering,
+    start: usize,
+    want: Want,
+    counted: usize,
+    bracket: Option<Bracket<'a>>,
+    /// Brackets this search opened (each raised the count twice).
+    own_brackets: u64,
+    /// A bit cleared here was set again: something came free behind us.
+    set_again: bool,
+}
+
 impl SlotTable {
     pub(crate) fn new(limit: usize, hold: u64, max_bytes: Option<u64>) -> Self {
-        let slots = (0..limit)
-            .map(|_| Slot {
-                word: AtomicU64::new(0),
-                bytes: AtomicU64::new(0),
-                claims: AtomicU64::new(0),
-            })
-            .collect();
+        let spread = if limit <= SMALL_TABLE { 2 } else { 0 };
+        let slots = (0..limit << spread).map(|_| Slot::default()).collect();
         Self {
             slots,
+            spread,
+            len: limit,
+            map: FreeMap::new(limit),
+            lanes: Lanes::new(),
             hold,
             budget: max_bytes.map(ByteBudget::new),
             companions: Mutex::new(Vec::new()),
-            sample_mask: (limit.max(64) as u64).next_power_of_two() - 1,
+            reset_held: AtomicU64::new(0),
         }
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.slots.len()
+        self.len
     }
 
-    /// Takes the first free slot at or after this thread's start index.
+    #[inline(always)]
+    pub(super) fn slot(&self, index: usize) -> &Slot {
+        &self.slots[index << self.spread]
+    }
+
+    /// Takes a free slot: this thread's start slot if it is free, else the
+    /// first the free map leads to. `None` only when every slot was seen
+    /// held (see `free_map` for when that can be trusted).
     #[inline(always)]
     pub(crate) fn try_claim(&self, now: u64, order: Ordering) -> Option<Claim> {
-        let (index, word, until) = self.take_free(now, order)?;
-        // The admissions this claim would make the slot's count, if it is
-        // admitted (see `count_admission`).
-        let claims = self.slots[index]
-            .claims
-            .load(Ordering::Relaxed)
-            .wrapping_add(1);
-        let claim = Claim::new(index, word, until != 0, claims & self.sample_mask == 1);
+        let thread = lanes::current();
+        let start = thread.start(self.len);
+        let held_until = self.held_until(now);
+        let (index, word, until) = match self.take(start, now, held_until, order) {
+            Some(taken) => taken,
+            None => self.search(now, order, start, held_until)?,
+        };
+        Some(self.claim(index, word, until, thread))
+    }
+
+    #[inline(always)]
+    fn claim(&self, index: usize, word: u64, until: u64, thread: ThreadLane) -> Claim {
+        let sample = self.lanes.admitted_here(thread) & SAMPLE_MASK == 0;
+        let claim = Claim::new(index, word, until != 0, sample);
         if claim.reclaimed() {
             self.recover_abandoned_bytes(&claim);
         }
-        Some(claim)
+        claim
     }
 
-    /// Writes a held word over the first free slot found; returns its index,
-    /// the word written and the deadline it replaced.
+    #[inline(always)]
+    fn held_until(&self, now: u64) -> u64 {
+        now.saturating_add(self.hold).min(MAX_DEADLINE) << GENERATION_BITS
+    }
+
+    /// Writes `held_until` over slot `index` if it is free at `now`;
+    /// returns its index, the word written and the deadline it replaced.
+    #[inline(always)]
+    fn take(
+        &self,
+        index: usize,
+        now: u64,
+        held_until: u64,
+        order: Ordering,
+    ) -> Option<(usize, u64, u64)> {
+        let slot = self.slot(index);
+        let word = slot.word.load(order);
+        let until = deadline(word);
+        let new = held_until | next_generation(word);
+        // `AcqRel`: acquires what the previous holder did before its
+        // release, and releases the weighted-claim count raised before it
+        // (see `Waiters::unchanged`). A failure learns nothing, so `Relaxed`.
+        (until <= now
+            && slot
+                .word
+                .compare_exchange(word, new, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok())
+        .then_some((index, new, until))
+    }
+
+    /// Takes the first free slot the free map leads to, from `start`.
     #[inline(always)]
     pub(super) fn take_free(&self, now: u64, order: Ordering) -> Option<(usize, u64, u64)> {
-        let held_until = now.saturating_add(self.hold).min(MAX_DEADLINE) << GENERATION_BITS;
-        // A local slice and two plain ranges (from the start index to the
-        // end, then from 0): indexing `self.slots` with a wrapping index
-        // reloaded the table's address and length and checked bounds on
-        // every slot, and a shed scans them all.
-        let slots = &self.slots[..];
-        let take = |index: usize| {
-            let slot = &slots[index];
-            let word = slot.word.load(order);
+        let start = lanes::current().start(self.len);
+        let held_until = self.held_until(now);
+        self.take(start, now, held_until, order)
+            .or_else(|| self.search(now, order, start, held_until))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn search(
+        &self,
+        now: u64,
+        order: Ordering,
+        start: usize,
+        held_until: u64,
+    ) -> Option<(usize, u64, u64)> {
+        let mut found = None;
+        self.look(now, order, start, Want::Take { held_until }, |taken| {
+            found = Some(taken);
+        });
+        found
+    }
+
+    /// Whether at least `wanted` slots are free at `now`, without taking
+    /// them.
+    pub(crate) fn has_free(&self, now: u64, wanted: usize) -> bool {
+        let start = lanes::current().start(self.len);
+        self.look(now, Ordering::SeqCst, start, Want::Count(wanted), |_| {}) >= wanted
+    }
+
+    /// Whether any slot is free at `now`, without taking it.
+    pub(crate) fn any_free(&self, now: u64) -> bool {
+        self.has_free(now, 1)
+    }
+
+    /// Searches the free map until it has what it wants or can trust that
+    /// there is not enough: no bracket but its own opened while it looked,
+    /// and no slot with a clear bit can have expired. Returns how many free
+    /// slots it counted (1 for a slot taken, handed to `taken`).
+    fn look(
+        &self,
+        now: u64,
+        order: Ordering,
+        start: usize,
+        want: Want,
+        mut taken: impl FnMut((usize, u64, u64)),
+    ) -> usize {
+        loop {
+            let brackets = self.map.settled_brackets();
+            let mut search = Search {
+                table: self,
+                now,
+                order,
+                start,
+                want,
+                counted: 0,
+                bracket: None,
+                own_brackets: 0,
+                set_again: false,
+            };
+            let top = self.map.levels() - 1;
+            if let Some(found) = search.word(top, 0) {
+                taken(found);
+                return 1;
+            }
+            if let Want::Count(wanted) = want {
+                if search.counted >= wanted {
+                    return search.counted;
+                }
+            }
+            drop(search.bracket.take());
+            if search.set_again {
+                continue;
+            }
+            if self.map.may_have_expired(Bound::Cleared, now) {
+                self.survey(now);
+                continue;
+            }
+            if self.map.brackets() == brackets + 2 * search.own_brackets {
+                return search.counted;
+            }
+            // Another cleaner's bracket was open while this search looked: a
+            // bit it cleared may have hidden a slot that came free.
+            self.map.wait_for_bracket();
+        }
+    }
+
+    /// Sets the bits of every slot expired at `now`, and raises the free
+    /// map's bound to the earliest deadline still held.
+    #[cold]
+    pub(crate) fn survey(&self, now: u64) {
+        self.map.survey(Bound::Cleared, now, || {
+            let mut earliest = u64::MAX;
+            for index in 0..self.len {
+                let until = deadline(self.slot(index).word.load(Ordering::SeqCst));
+                if until > now {
+                    earliest = earliest.min(until);
+                } else {
+                    self.map.mark_free(index);
+                }
+            }
+            (earliest, ())
+        });
+    }
+
+    /// Frees every slot whose deadline has passed at `now` and gives back
+    /// the bytes its holder recorded: slots of holders that vanished, which
+    /// no release will free. Returns how many it freed (they counted as
+    /// held, and are reclaimed now). Reads every slot: for a drain, which
+    /// has no claim to reclaim them.
+    #[cold]
+    pub(crate) fn reclaim_expired(&self, now: u64) -> usize {
+        let mut reclaimed = 0;
+        for index in 0..self.len {
+            let slot = self.slot(index);
+            let word = slot.word.load(Ordering::SeqCst);
             let until = deadline(word);
-            let new = held_until | next_generation(word);
-            // `AcqRel`: acquires what the previous holder did before its
-            // release, and releases the weighted-claim count raised before
-            // it (see `Waiters::unchanged`). A failure learns nothing, so
-            // `Relaxed`.
-            (until <= now
-                && slot
-                    .word
-                    .compare_exchange(word, new, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok())
-            .then_some((index, new, until))
-        };
-        let start = start_index(slots.len());
-        (start..slots.len())
-            .find_map(take)
-            .or_else(|| (0..start).find_map(take))
+            if until == 0 || until > now {
+                continue;
+            }
+            let freed = next_generation(word);
+            // `SeqCst`, as a release is.
+            if slot
+                .word
+                .compare_exchange(word, freed, Ordering::SeqCst, Ordering::Relaxed)
+                .is_ok()
+            {
+                self.give_back_recorded_bytes(index, freed);
+                self.map.mark_free(index);
+                reclaimed += 1;
+            }
+        }
+        reclaimed
     }
 
     /// Frees the claim's slots that still hold the words it wrote. Returns
@@ -164,21 +352,29 @@ impl SlotTable {
     #[inline(always)]
     pub(super) fn release_one(&self, claim: &Claim) -> bool {
         let freed = generation(claim.word());
-        // `SeqCst`: one side of the store-buffering pattern with the waiter
-        // queue (this store, then the releaser's load of the parked count,
-        // against an arrival's count, then its load of the slots): one of
-        // the two sees the other, so nobody parks beside this slot.
-        self.slots[claim.index()]
+        // `SeqCst`: one side of two store-buffering patterns. With the
+        // waiter queue: this store, then the releaser's load of the parked
+        // count, against an arrival's count, then its load of the slots.
+        // With the free map: this store, then the load of the slot's bit,
+        // against a cleaner's clear of the bit, then its load of the slot.
+        let released = self
+            .slot(claim.index())
             .word
             .compare_exchange(claim.word(), freed, Ordering::SeqCst, Ordering::Relaxed)
-            .is_ok()
+            .is_ok();
+        if released {
+            self.map.mark_free(claim.index());
+        }
+        released
     }
 
     /// Frees every slot, whoever holds it. Each word gets a new generation, so
     /// the permits that held them can no longer release anything.
     pub(crate) fn reset(&self) {
         lock(&self.companions).clear();
-        for slot in self.slots.iter() {
+        let mut freed = 0;
+        for index in 0..self.len {
+            let slot = self.slot(index);
             // `SeqCst`, as a release is: a slot freed here is found by
             // waiters exactly as a released one is.
             let previous = slot
@@ -187,35 +383,59 @@ impl SlotTable {
                     Some(next_generation(word))
                 })
                 .unwrap_or_else(|word| word);
+            freed += u64::from(deadline(previous) != 0);
             // An empty record tagged with the new generation, never 0: a
             // holder from before the reset that is about to record its bytes
             // compares against the record it read, which no longer matches.
             slot.bytes
                 .store(next_generation(previous), Ordering::SeqCst);
         }
+        self.map.mark_all_free(self.len);
+        // The slots it freed were counted in and will never be counted out:
+        // their holders' releases find new words.
+        self.reset_held.fetch_add(freed, Ordering::Relaxed);
         if let Some(budget) = &self.budget {
             budget.reset();
         }
     }
 
-    /// Counts the admission of `claim`, a call that got its slot: on the
-    /// slot's own count, which only its holder writes, so a plain store does
-    /// without a locked instruction. A claim given back without being
-    /// admitted (its caller went away, its bytes did not fit) is never
-    /// counted, so the total only ever grows.
+    /// Counts the admission of `claim`, a call that got its slot, and
+    /// `newly_held` slots held, on this thread's lane. A claim given back
+    /// without being admitted (its caller went away, its bytes did not fit)
+    /// is never counted, so the total only ever grows.
     #[inline(always)]
-    pub(crate) fn count_admission(&self, claim: &Claim) {
-        let slot = &self.slots[claim.index()];
-        let claims = slot.claims.load(Ordering::Relaxed).wrapping_add(1);
-        slot.claims.store(claims, Ordering::Relaxed);
+    pub(crate) fn count_admission(&self, newly_held: usize) {
+        self.lanes.admit(lanes::current(), newly_held);
     }
 
-    /// Admissions on every slot, ever.
+    /// `slots` more slots are held (handed to a waiting caller).
+    pub(crate) fn count_in(&self, slots: usize) {
+        if slots > 0 {
+            self.lanes.count_in(slots);
+        }
+    }
+
+    /// `slots` slots are held no more.
+    #[inline(always)]
+    pub(crate) fn count_out(&self, slots: usize) {
+        self.lanes.count_out(slots);
+    }
+
+    /// Admissions, ever.
     pub(crate) fn claims(&self) -> u64 {
-        self.slots
-            .iter()
-            .map(|slot| slot.claims.load(Ordering::Relaxed))
-            .sum()
+        self.lanes.admitted()
+    }
+
+    /// Slots held: admitted or handed to a waiting caller, and not yet
+    /// released, given back or reclaimed. A slot whose holder vanished
+    /// counts until it is reclaimed. In time that does not grow with the
+    /// limit.
+    pub(crate) fn in_flight(&self) -> usize {
+        let held = self
+            .lanes
+            .held()
+            .saturating_sub(self.reset_held.load(Ordering::Relaxed));
+        (held as usize).min(self.len)
     }
 
     /// The tick at which `claim` was made.
@@ -223,47 +443,182 @@ impl SlotTable {
         deadline(claim.word()).saturating_sub(self.hold)
     }
 
-    /// How many slots are held at `now`.
+    /// Whether slot `index` is released (its deadline is 0): for tests.
+    pub(crate) fn is_released(&self, index: usize) -> bool {
+        index < self.len && deadline(self.slot(index).word.load(Ordering::SeqCst)) == 0
+    }
+
+    /// How many slots are held at `now`, by reading each: for tests.
+    #[cfg(test)]
     pub(crate) fn held(&self, now: u64) -> usize {
-        self.slots
-            .iter()
-            .filter(|slot| deadline(slot.word.load(Ordering::Relaxed)) > now)
+        (0..self.len)
+            .filter(|&index| deadline(self.slot(index).word.load(Ordering::Relaxed)) > now)
             .count()
     }
-
-    /// Whether any slot is free at `now`, without taking it.
-    pub(crate) fn any_free(&self, now: u64) -> bool {
-        self.has_free(now, 1)
-    }
 }
 
-/// Where this thread starts its scan: a per-thread hash mapped onto
-/// `0..len` by a multiply and a shift (a division would cost more than the
-/// rest of the claim), so threads spread out over the table instead of all
-/// fighting over slot 0, while one thread keeps finding the slot it released.
-#[inline]
-fn start_index(len: usize) -> usize {
-    thread_local! {
-        static HASH: Cell<u32> = const { Cell::new(0) };
-    }
-    let hash = HASH.with(|hash| {
-        let mut value = hash.get();
-        if value == 0 {
-            value = new_thread_hash();
-            hash.set(value);
+impl<'a> Search<'a> {
+    /// Looks under word `index` of `level`, from where `start` leads.
+    fn word(&mut self, level: usize, index: usize) -> Option<(usize, u64, u64)> {
+        let shift = ((self.start >> (6 * level)) % 64) as u32;
+        let bits = self
+            .table
+            .map
+            .word(level, index)
+            .load(self.order)
+            .rotate_right(shift);
+        let mut rest = bits;
+        while rest != 0 {
+            let position = index * 64 + ((rest.trailing_zeros() + shift) % 64) as usize;
+            rest &= rest - 1;
+            let found = if level == 0 {
+                self.slot(position)
+            } else {
+                self.word(level - 1, position)
+                    .or_else(|| self.below_is_empty(level, position))
+            };
+            if found.is_some() {
+                return found;
+            }
+            if let Want::Count(wanted) = self.want {
+                if self.counted >= wanted {
+                    return None;
+                }
+            }
         }
-        value
-    });
-    ((u64::from(hash) * len as u64) >> 32) as usize
-}
+        None
+    }
 
-#[cold]
-fn new_thread_hash() -> u32 {
-    use std::sync::atomic::AtomicU32;
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    // Successive threads land far apart: Fibonacci hashing of a counter.
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    n.wrapping_mul(0x9E37_79B9).max(1)
+    /// Slot `index`, whose bit is set: taken or counted if free, its bit
+    /// cleared if held.
+    fn slot(&mut self, index: usize) -> Option<(usize, u64, u64)> {
+        let table = self.table;
+        let slot = table.slot(index);
+        let mut word = slot.word.load(self.order);
+        // Whether this search cleared the bit, and left the leaf word empty.
+        let mut cleared = None;
+        loop {
+            if deadline(word) <= self.now {
+                match self.want {
+                    Want::Take { held_until } => {
+                        let new = held_until | next_generation(word);
+                        match slot.word.compare_exchange(
+                            word,
+                            new,
+                            Ordering::AcqRel,
+                            Ordering::Relaxed,
+                        ) {
+                            Ok(_) => {
+                                if cleared.is_some() {
+                                    // Its bit stays clear while it is ours.
+                                    table.map.lower(Bound::Cleared, deadline(new));
+                                }
+                                return Some((index, new, deadline(word)));
+                            }
+                            Err(actual) => {
+                                word = actual;
+                                continue;
+                            }
+                        }
+                    }
+                    Want::Count(_) => {
+                        if cleared.is_some() {
+                            table.map.set_again(0, index);
+                        }
+                        self.counted += 1;
+                        return None;
+                    }
+                }
+            }
+            // Held. Its deadline is remembered before its bit is cleared,
+            // and whenever another holder is found in it afterwards.
+            table.map.lower(Bound::Cleared, deadline(word));
+            if cleared.is_none() {
+                // The bit is stale: cleared, if no other cleaner is at work.
+                let before = self.clear(0, index)?;
+                cleared = Some(before & !(1 << (index % 64)) == 0);
+            }
+            // Read again: if it came free, its releaser may have seen the
+            // bit still set and left it so.
+            let again = slot.word.load(Ordering::SeqCst);
+            if again == word {
+                break;
+            }
+            word = again;
+        }
+        if cleared == Some(true) {
+            self.empty_above(1, index / 64);
+        }
+        None
+    }
+
+    /// Word `position` of `level - 1` had nothing to give: if it is empty,
+    /// the bit that leads to it is cleared.
+    fn below_is_empty(&mut self, level: usize, position: usize) -> Option<(usize, u64, u64)> {
+        if self
+            .table
+            .map
+            .word(level - 1, position)
+            .load(Ordering::SeqCst)
+            == 0
+        {
+            self.empty_above(level, position);
+        }
+        None
+    }
+
+    /// Word `position` of `level - 1` looked empty: clears its bit in
+    /// `level`, reads it again, and sets the bit again if it is not empty
+    /// now. Climbs while the words it clears become empty.
+    fn empty_above(&mut self, level: usize, position: usize) {
+        let map = &self.table.map;
+        let (mut level, mut position) = (level, position);
+        while level < map.levels() {
+            if map.word(level - 1, position).load(Ordering::SeqCst) != 0 {
+                return;
+            }
+            let Some(before) = self.clear(level, position) else {
+                return;
+            };
+            if map.word(level - 1, position).load(Ordering::SeqCst) != 0 {
+                map.set_again(level, position);
+                self.set_again = true;
+                return;
+            }
+            if before & !(1 << (position % 64)) != 0 {
+                return;
+            }
+            level += 1;
+            position /= 64;
+        }
+    }
+
+    /// Clears bit `position` of `level` under this search's bracket; returns
+    /// the word as it was, or `None` if another cleaner has a bracket open.
+    fn clear(&mut self, level: usize, position: usize) -> Option<u64> {
+        let map = &self.table.map;
+        let bracket = self.bracket()?;
+        bracket.cleared += 1;
+        Some(map.clear(bracket, level, position))
+    }
+
+    /// The open bracket, opened if need be; `None` if another cleaner has
+    /// one open. A bracket that has cleared its batch is closed and another
+    /// opened, so that a search waiting for it never waits long.
+    fn bracket(&mut self) -> Option<&mut Bracket<'a>> {
+        if self
+            .bracket
+            .as_ref()
+            .is_some_and(|bracket| bracket.cleared >= CLEAN_BATCH)
+        {
+            self.bracket = None;
+        }
+        if self.bracket.is_none() {
+            self.bracket = Some(self.table.map.try_bracket()?);
+            self.own_brackets += 1;
+        }
+        self.bracket.as_mut()
+    }
 }
 
 #[cfg(all(test, not(tower_inflight_loom)))]
@@ -331,12 +686,5 @@ mod tests {
         let claim = table.try_claim(1, Ordering::Relaxed).unwrap();
         assert_eq!(deadline(claim.word()), MAX_DEADLINE);
         assert_eq!(table.held(MAX_DEADLINE - 1), 1);
-    }
-
-    #[test]
-    fn start_index_stays_in_range() {
-        for len in [1, 2, 3, 25, 64, MAX_SLOTS] {
-            assert!(start_index(len) < len);
-        }
     }
 }

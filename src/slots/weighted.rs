@@ -1,7 +1,7 @@
 //! Weighted claims: `weight` slots taken together, or none. One claim stands
 //! for them all; the others are its companions, released with it.
 
-use crate::slots::table::{deadline, generation, SlotTable, GENERATION_BITS};
+use crate::slots::table::{generation, SlotTable, GENERATION_BITS};
 use crate::slots::Claim;
 use crate::sync::{lock, Ordering};
 
@@ -44,7 +44,7 @@ impl SlotTable {
         let mut table = lock(&self.companions);
         // Entries of weighted claims that were leaked and reclaimed since.
         table.retain(|(primary, _)| {
-            self.slots[primary.index()].word.load(Ordering::Relaxed) == primary.word()
+            self.slot(primary.index()).word.load(Ordering::Relaxed) == primary.word()
         });
         table.push((claim, companions.into_boxed_slice()));
         Some(claim)
@@ -59,23 +59,30 @@ impl SlotTable {
         for companion in companions {
             let deadline = if companion.reclaimed() { now } else { 0 };
             let expired = (deadline << GENERATION_BITS) | generation(companion.word());
-            let _ = self.slots[companion.index()].word.compare_exchange(
+            let rolled_back = self.slot(companion.index()).word.compare_exchange(
                 companion.word(),
                 expired,
                 Ordering::SeqCst,
                 Ordering::Relaxed,
             );
+            if rolled_back.is_ok() {
+                self.map.mark_free(companion.index());
+            }
         }
     }
 
-    /// Whether at least `wanted` slots are free at `now`.
-    pub(super) fn has_free(&self, now: u64, wanted: usize) -> bool {
-        self.slots
-            .iter()
-            .filter(|slot| deadline(slot.word.load(Ordering::SeqCst)) <= now)
-            .take(wanted)
-            .count()
-            == wanted
+    /// The slots `claim` holds, its own first: for tests.
+    pub(crate) fn slot_indices(&self, claim: &Claim) -> Vec<usize> {
+        let mut indices = vec![claim.index()];
+        if claim.is_weighted() {
+            let table = lock(&self.companions);
+            if let Some((_, companions)) = table.iter().find(|(primary, _)| {
+                primary.index() == claim.index() && primary.word() == claim.word()
+            }) {
+                indices.extend(companions.iter().map(Claim::index));
+            }
+        }
+        indices
     }
 
     /// Frees the other slots of a weighted claim. Each is freed only if it

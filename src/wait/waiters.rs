@@ -404,18 +404,19 @@ impl Waiters {
             let claim = claim.granted_to_waiter();
             // Counted before the caller can see it: it may run, and release,
             // at once. Reclaimed slots were counted as held already.
-            #[cfg(feature = "metrics")]
-            let counted = (claim.weight() - claim.reclaimed_slots()) as f64;
+            let counted = claim.weight() - claim.reclaimed_slots();
+            slots.count_in(counted);
             #[cfg(feature = "metrics")]
             if let Some(gauge) = &self.in_flight {
-                gauge.increment(counted);
+                gauge.increment(counted as f64);
             }
             if !self.resolve(queue, &head, NodeState::Granted(claim), woken) {
                 // Cannot happen while the queue is locked; never strand the slot.
                 slots.release(&claim);
+                slots.count_out(counted);
                 #[cfg(feature = "metrics")]
                 if let Some(gauge) = &self.in_flight {
-                    gauge.decrement(counted);
+                    gauge.decrement(counted as f64);
                 }
             }
         }
