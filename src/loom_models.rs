@@ -356,3 +356,32 @@ fn loom_a_leaked_slot_with_a_clear_bit_is_found_after_its_deadline() {
         cleaner.join().unwrap();
     });
 }
+
+/// Two claims past the deadlines of two leaked slots whose bits were
+/// cleared: one of them surveys the table, and while it scans, the other
+/// must not trust the bound the survey has raised. Both get a slot.
+#[test]
+fn loom_two_claims_past_two_leaked_deadlines_both_get_a_slot() {
+    loom::model(|| {
+        let table = Arc::new(SlotTable::new(3, HOLD, None));
+        let start = table.try_claim(1, Ordering::Relaxed).unwrap();
+        let _leaked = table.try_claim(1, Ordering::Relaxed).unwrap();
+        let _also_leaked = table.try_claim(1, Ordering::Relaxed).unwrap();
+        assert!(!table.any_free(1), "a search clears every stale bit");
+        assert_eq!(table.release(&start), 1);
+        // The start slot, held again past the others' deadlines.
+        let _held = table.try_claim(5, Ordering::Relaxed).unwrap();
+        assert!(!table.any_free(5));
+        let expired = 2 + HOLD;
+        let other = {
+            let table = table.clone();
+            thread::spawn(move || table.try_claim(expired, Ordering::SeqCst).is_some())
+        };
+        let mine = table.try_claim(expired, Ordering::SeqCst).is_some();
+        let theirs = other.join().unwrap();
+        assert!(
+            mine && theirs,
+            "shed beside an expired slot: {mine} {theirs}"
+        );
+    });
+}

@@ -138,6 +138,29 @@ async fn drain_reclaims_a_leaked_slot_at_its_deadline() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_leaked_slot_the_drain_reclaims_goes_to_the_caller_waiting_for_it() {
+    let clock = ManualClock::new();
+    let reclaim = Duration::from_secs(30);
+    let bulkhead = Bulkhead::new(
+        Config::new(1, reclaim)
+            .wait(Duration::from_secs(20))
+            .clock(clock.clone()),
+    );
+    std::mem::forget(bulkhead.try_acquire().unwrap());
+    let waiting = bulkhead.clone();
+    let waiter = tokio::spawn(async move { waiting.acquire().await.map(drop) });
+    while bulkhead.waiting() == 0 {
+        tokio::task::yield_now().await;
+    }
+    clock.advance(reclaim);
+    assert_eq!(bulkhead.drain(Duration::from_secs(5)).await, Ok(()));
+    waiter
+        .await
+        .unwrap()
+        .expect("the waiter got the reclaimed slot");
+}
+
+#[tokio::test(start_paused = true)]
 async fn drain_with_the_longest_timeout_does_not_panic_and_waits_for_the_last_call() {
     let bulkhead = waiting(1);
     assert_eq!(bulkhead.drain(Duration::MAX).await, Ok(()), "idle");

@@ -41,6 +41,20 @@ enum Op {
     /// Moves the manual clock on, in microseconds.
     Advance(u64),
     Reset,
+    /// `try_acquire` until shed (for the large tables).
+    Fill,
+    /// Drops every other held permit, from the one at `Index` on.
+    ReleaseHalf(Index),
+}
+
+/// The operations on a large table: fills and mass releases besides the
+/// others, so that a table of thousands of slots goes full and empty.
+fn large_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => op(),
+        1 => Just(Op::Fill),
+        1 => any::<Index>().prop_map(Op::ReleaseHalf),
+    ]
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -428,6 +442,24 @@ impl Harness {
                 self.bulkhead.reset();
                 self.model.reset();
             }
+            Op::Fill => loop {
+                let actual = self.bulkhead.try_acquire();
+                let shed = actual.is_err();
+                let expected = self
+                    .model
+                    .acquire(0, chosen(&actual).first().copied(), false);
+                self.check_admission(actual, expected)?;
+                if shed {
+                    break;
+                }
+            },
+            Op::ReleaseHalf(index) => {
+                let mut at = index.index(self.held.len().max(1));
+                while at < self.held.len() {
+                    self.release_at(at)?;
+                    at += 1;
+                }
+            }
         }
         self.check()
     }
@@ -703,6 +735,27 @@ proptest! {
         );
         drop(whole);
         prop_assert_eq!(harness.bulkhead.bytes_reserved(), 0);
+    }
+}
+
+proptest! {
+    #![proptest_config(config(24, concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/proptest-regressions/proptest_model_large.txt"
+    )))]
+
+    /// The same model at limits that give the free map two and three
+    /// levels, with fills and mass releases.
+    #[test]
+    fn a_large_bulkhead_matches_the_model_after_every_operation(
+        limit in prop::sample::select(vec![65usize, 1025, 4097]),
+        ops in prop::collection::vec(large_op(), 1..40),
+    ) {
+        let mut harness = Harness::new(limit);
+        for op in &ops {
+            harness.apply(op)?;
+        }
+        harness.settle()?;
     }
 }
 

@@ -256,3 +256,78 @@ fn threads_hammering_try_acquire_never_exceed_the_limit() {
     assert!(admitted.load(Ordering::Relaxed) > 0);
     assert_eq!(bulkhead.in_flight(), 0);
 }
+
+/// A table with three levels in its free map (over 4,096 slots), filled and
+/// emptied again and again: one thread is shed exactly when every slot is
+/// held, never beside a free one, and the count of slots held stays exact.
+#[test]
+fn at_a_large_limit_one_thread_is_shed_exactly_when_every_slot_is_held() {
+    const LARGE: usize = 5_000;
+    let bulkhead = Bulkhead::new(Config::new(LARGE, RECLAIM));
+    let mut rng = Rng::new(7);
+    let mut held = Vec::new();
+    let mut sheds = 0;
+    for step in 0..200_000u64 {
+        // Phases of 20,000 steps that mostly take, then mostly give back.
+        let filling = (step / 20_000) % 2 == 0;
+        let take = (rng.below(4) != 0) == filling;
+        if take {
+            match bulkhead.try_acquire() {
+                Ok(permit) => held.push(permit),
+                Err(_) => {
+                    sheds += 1;
+                    assert_eq!(held.len(), LARGE, "shed with a slot free");
+                }
+            }
+        } else if !held.is_empty() {
+            let at = rng.below(held.len() as u64) as usize;
+            drop(held.swap_remove(at));
+        }
+        if step % 997 == 0 {
+            assert_eq!(bulkhead.in_flight(), held.len());
+        }
+    }
+    assert!(sheds > 0, "the table never filled");
+    drop(held);
+    assert_eq!(bulkhead.in_flight(), 0);
+}
+
+/// Four threads keep a table of 5,000 slots nearly full, taking until they
+/// are shed and giving back at random: never more than the limit held, and
+/// every slot free and found at the end.
+#[test]
+fn at_a_large_limit_threads_filling_the_table_never_exceed_it() {
+    const LARGE: usize = 5_000;
+    let bulkhead = Bulkhead::new(Config::new(LARGE, RECLAIM));
+    let holders = AtomicUsize::new(0);
+    let peak = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for seed in 0..4 {
+            let (bulkhead, holders, peak) = (&bulkhead, &holders, &peak);
+            scope.spawn(move || {
+                let mut rng = Rng::new(seed);
+                let mut held = Vec::new();
+                for _ in 0..20 {
+                    while let Ok(permit) = bulkhead.try_acquire() {
+                        let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
+                        peak.fetch_max(now, Ordering::SeqCst);
+                        held.push(permit);
+                    }
+                    for _ in 0..held.len() / 2 {
+                        let at = rng.below(held.len() as u64) as usize;
+                        holders.fetch_sub(1, Ordering::SeqCst);
+                        drop(held.swap_remove(at));
+                    }
+                }
+                holders.fetch_sub(held.len(), Ordering::SeqCst);
+            });
+        }
+    });
+    assert!(peak.load(Ordering::SeqCst) <= LARGE);
+    assert_eq!(bulkhead.in_flight(), 0);
+    let all: Vec<_> = (0..LARGE)
+        .map(|_| bulkhead.try_acquire().unwrap())
+        .collect();
+    assert!(bulkhead.try_acquire().is_err());
+    drop(all);
+}

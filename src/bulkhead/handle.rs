@@ -290,9 +290,13 @@ impl Bulkhead {
         self.shared.config.max_bytes
     }
 
-    /// How many slots are held now (including slots held by leaked permits
-    /// that `reclaim_after` has not reclaimed yet). A snapshot: it may change
-    /// before you act on it.
+    /// How many slots are held now: by calls admitted (or callers handed a
+    /// slot) that have not released it yet. A slot whose holder vanished (a
+    /// leaked permit) counts until it is reclaimed, by the next claim that
+    /// needs it once `reclaim_after` has passed, or by [`drain`](Self::drain);
+    /// [`is_saturated`](Self::is_saturated) already treats it as free. A
+    /// snapshot: it may change before you act on it. It costs the same at
+    /// any `limit`.
     pub fn in_flight(&self) -> usize {
         self.shared.slots.in_flight()
     }
@@ -302,12 +306,14 @@ impl Bulkhead {
         self.shared.slots.len()
     }
 
-    /// How many slots are free now.
+    /// How many slots are free now: `limit` less
+    /// [`in_flight`](Self::in_flight).
     pub fn available(&self) -> usize {
         self.limit() - self.in_flight()
     }
 
-    /// Whether every slot is held now, so that a call would be shed or wait.
+    /// Whether every slot is held now, so that a call would be shed or wait
+    /// (a slot past `reclaim_after` counts as free: a call would reclaim it).
     pub fn is_saturated(&self) -> bool {
         !self.shared.slots.any_free(self.shared.clock.now())
     }

@@ -277,6 +277,8 @@ impl Shared {
                 self.observer.reclaimed(reclaimed);
                 self.observer.reclaimed_events(reclaimed);
                 self.observer.released(None, reclaimed);
+                // Freed: handed to whoever is parked, as a release would.
+                self.waiters.after_release(&self.slots, &self.clock);
                 in_flight = self.slots.in_flight();
             }
         }
@@ -349,6 +351,14 @@ impl Shared {
             claim.reclaimed_slots().min(freed)
         };
         self.slots.count_out(counted);
+        let lost = claim.weight() - freed;
+        if !claim.granted() && claim.reclaimed_slots() == 0 && lost > 0 {
+            // Never counted in, and taken over meanwhile: by a reset, which
+            // counted them as held, or by a claim after their deadline,
+            // which counts them as held already. Counted in now, so that
+            // the count comes out even.
+            self.slots.count_in(lost);
+        }
         self.observer.unused(claim.reclaimed_slots(), counted);
     }
 

@@ -122,7 +122,8 @@ impl SlotTable {
     }
 
     /// Gives back the bytes of every holder that kept its slot past its
-    /// deadline; returns whether any came back.
+    /// deadline; returns whether any came back (or may have: a survey was
+    /// running, and the caller should try again).
     ///
     /// A claim recovers an expired holder's bytes only when it lands on that
     /// very slot, and a free slot earlier in a caller's search may always be
@@ -134,7 +135,16 @@ impl SlotTable {
     /// table each.
     #[cold]
     pub(crate) fn recover_expired_bytes(&self, now: u64) -> bool {
-        if self.budget.is_none() || !self.map.may_have_expired(Bound::Bytes, now) {
+        if self.budget.is_none() {
+            return false;
+        }
+        if self.map.surveying() {
+            // Its bound is raised while it scans: wait for what it gives
+            // back, and have the caller try again.
+            self.map.wait_for_survey();
+            return true;
+        }
+        if !self.map.may_have_expired(Bound::Bytes, now) {
             return false;
         }
         self.map

@@ -47,7 +47,7 @@
 //! sees the other. The same holds one level up, with a leaf word for the
 //! slot.
 
-use crate::sync::{loom_seqcst_fence, AtomicU64, Mutex, MutexGuard, Ordering};
+use crate::sync::{fence, lock, loom_seqcst_fence, AtomicU64, Mutex, MutexGuard, Ordering};
 
 /// Bits a bracket may clear before it closes.
 pub(super) const CLEAN_BATCH: usize = 64;
@@ -61,6 +61,14 @@ pub(super) struct FreeMap {
     /// Where each level starts in `words`.
     starts: [usize; MAX_LEVELS],
     levels: usize,
+    /// What cleaners and surveys write, on lines of its own: every release
+    /// reads the fields above.
+    watch: Watch,
+}
+
+#[derive(Debug)]
+#[repr(align(64))]
+struct Watch {
     /// A lower bound on the deadline of every held slot whose bit is clear.
     earliest: AtomicU64,
     /// A lower bound on the deadline of every held slot with bytes recorded.
@@ -71,6 +79,18 @@ pub(super) struct FreeMap {
     brackets: AtomicU64,
     /// Held by a survey.
     surveying: Mutex<()>,
+    /// Raised as a survey starts and as it ends: odd while one runs. While a
+    /// survey scans, its bound is raised past every deadline, so a search
+    /// that overlapped one cannot trust the bound it read.
+    surveys: AtomicU64,
+}
+
+/// The counts of brackets and surveys, read when neither was under way: a
+/// search that finds nothing trusts it only if they are the same after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Quiet {
+    brackets: u64,
+    surveys: u64,
 }
 
 /// What a lower bound on deadlines stands for.
@@ -93,7 +113,7 @@ impl Drop for Bracket<'_> {
     fn drop(&mut self) {
         // `SeqCst`: a search that reads this count after it reads the bits
         // knows every bit this bracket set again is visible to it.
-        self.map.brackets.fetch_add(1, Ordering::SeqCst);
+        self.map.watch.brackets.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -120,11 +140,14 @@ impl FreeMap {
             words,
             starts,
             levels,
-            earliest: AtomicU64::new(u64::MAX),
-            earliest_bytes: AtomicU64::new(u64::MAX),
-            cleaning: Mutex::new(()),
-            brackets: AtomicU64::new(0),
-            surveying: Mutex::new(()),
+            watch: Watch {
+                earliest: AtomicU64::new(u64::MAX),
+                earliest_bytes: AtomicU64::new(u64::MAX),
+                cleaning: Mutex::new(()),
+                brackets: AtomicU64::new(0),
+                surveying: Mutex::new(()),
+                surveys: AtomicU64::new(0),
+            },
         };
         for index in 0..len {
             map.mark_free(index);
@@ -151,8 +174,22 @@ impl FreeMap {
     /// not have set the bits above it yet.
     #[inline(always)]
     pub(super) fn mark_free(&self, index: usize) {
-        let mut position = index;
-        for level in 0..self.levels {
+        loom_seqcst_fence();
+        // The leaves come first in `words`.
+        let (leaf, bit) = (&self.words[index / 64], 1 << (index % 64));
+        if leaf.load(Ordering::SeqCst) & bit == 0 {
+            leaf.fetch_or(bit, Ordering::SeqCst);
+        }
+        if self.levels > 1 {
+            self.mark_above(index / 64);
+        }
+    }
+
+    /// The climb of [`mark_free`](Self::mark_free) above the leaves, for
+    /// leaf word `position`.
+    fn mark_above(&self, position: usize) {
+        let mut position = position;
+        for level in 1..self.levels {
             loom_seqcst_fence();
             let bit = 1 << (position % 64);
             let word = self.word(level, position / 64);
@@ -190,8 +227,8 @@ impl FreeMap {
 
     fn bound(&self, of: Bound) -> &AtomicU64 {
         match of {
-            Bound::Cleared => &self.earliest,
-            Bound::Bytes => &self.earliest_bytes,
+            Bound::Cleared => &self.watch.earliest,
+            Bound::Bytes => &self.watch.earliest_bytes,
         }
     }
 
@@ -212,42 +249,72 @@ impl FreeMap {
 
     /// Opens a bracket, unless another cleaner has one open.
     pub(super) fn try_bracket(&self) -> Option<Bracket<'_>> {
-        let cleaning = match self.cleaning.try_lock() {
+        let cleaning = match self.watch.cleaning.try_lock() {
             Ok(guard) => guard,
             #[cfg(not(tower_inflight_loom))]
             Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(_) => return None,
         };
-        self.brackets.fetch_add(1, Ordering::SeqCst);
+        Some(self.open(cleaning))
+    }
+
+    /// Opens a bracket, waiting for another cleaner's to close: for a search
+    /// that keeps it open from start to end, so that no other can open.
+    pub(super) fn bracket(&self) -> Bracket<'_> {
+        self.open(lock(&self.watch.cleaning))
+    }
+
+    fn open<'a>(&'a self, cleaning: MutexGuard<'a, ()>) -> Bracket<'a> {
+        self.watch.brackets.fetch_add(1, Ordering::SeqCst);
         loom_seqcst_fence();
-        Some(Bracket {
+        Bracket {
             map: self,
             _cleaning: cleaning,
             cleared: 0,
-        })
-    }
-
-    /// The count of brackets opened and closed, once none is open: waits
-    /// for an open one to close.
-    pub(super) fn settled_brackets(&self) -> u64 {
-        loop {
-            let brackets = self.brackets.load(Ordering::SeqCst);
-            if brackets % 2 == 0 {
-                return brackets;
-            }
-            self.wait_for_bracket();
         }
     }
 
-    /// The count of brackets opened and closed, now.
-    pub(super) fn brackets(&self) -> u64 {
-        loom_seqcst_fence();
-        self.brackets.load(Ordering::SeqCst)
+    /// The counts of brackets and surveys, once neither is under way:
+    /// waits for an open bracket to close and a running survey to end.
+    pub(super) fn settled(&self) -> Quiet {
+        loop {
+            let quiet = self.quiet();
+            if quiet.brackets % 2 != 0 {
+                drop(lock(&self.watch.cleaning));
+            } else if quiet.surveys % 2 != 0 {
+                drop(lock(&self.watch.surveying));
+            } else {
+                return quiet;
+            }
+        }
     }
 
-    /// Waits for the open bracket to close.
-    pub(super) fn wait_for_bracket(&self) {
-        drop(crate::sync::lock(&self.cleaning));
+    /// The counts of brackets and surveys, now. After the loads that came
+    /// before (a search's loads of the bits, relaxed on the fast path).
+    pub(super) fn quiet(&self) -> Quiet {
+        fence(Ordering::Acquire);
+        loom_seqcst_fence();
+        Quiet {
+            brackets: self.watch.brackets.load(Ordering::SeqCst),
+            surveys: self.watch.surveys.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Whether a survey is running now.
+    pub(super) fn surveying(&self) -> bool {
+        self.quiet().surveys % 2 != 0
+    }
+
+    /// Waits for a running survey to end.
+    pub(super) fn wait_for_survey(&self) {
+        drop(lock(&self.watch.surveying));
+    }
+
+    /// Whether `before`, less `own` brackets opened and closed by the
+    /// caller, is what the counts are now.
+    pub(super) fn still(&self, before: Quiet, own: u64) -> bool {
+        let now = self.quiet();
+        now.surveys == before.surveys && now.brackets == before.brackets + 2 * own
     }
 
     /// Surveys for the bound: the caller runs `scan` (which deals with the
@@ -260,18 +327,22 @@ impl FreeMap {
         now: u64,
         scan: impl FnOnce() -> (u64, T),
     ) -> Option<T> {
-        let _surveying = crate::sync::lock(&self.surveying);
+        let _surveying = lock(&self.watch.surveying);
         if !self.may_have_expired(of, now) {
             return None;
         }
         let bound = self.bound(of);
+        self.watch.surveys.fetch_add(1, Ordering::SeqCst);
         // Raised first, then lowered to what the scan saw: a cleaner that
         // lowers it meanwhile keeps its deadline (`fetch_min`), and every
-        // slot held before the scan reads it is in the scan's minimum.
+        // slot held before the scan reads it is in the scan's minimum. A
+        // search meanwhile reads a bound too high, and knows it by the count
+        // of surveys.
         bound.store(u64::MAX, Ordering::SeqCst);
         loom_seqcst_fence();
         let (earliest, result) = scan();
         bound.fetch_min(earliest, Ordering::SeqCst);
+        self.watch.surveys.fetch_add(1, Ordering::SeqCst);
         Some(result)
     }
 
@@ -322,11 +393,12 @@ mod tests {
     #[test]
     fn one_bracket_at_a_time_and_the_count_tells_when_one_was_open() {
         let map = FreeMap::new(8);
-        let before = map.settled_brackets();
+        let before = map.settled();
         let bracket = map.try_bracket().unwrap();
         assert!(map.try_bracket().is_none());
-        assert_eq!(map.brackets() % 2, 1);
+        assert!(!map.still(before, 0));
         drop(bracket);
-        assert_eq!(map.settled_brackets(), before + 2);
+        assert!(map.still(before, 1));
+        assert_eq!(map.settled(), map.quiet());
     }
 }

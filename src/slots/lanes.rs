@@ -16,8 +16,14 @@
 //! lanes: a slot is often counted in on one thread and out on another, so a
 //! lane on its own may go below zero, and only the sum means anything. A
 //! leaked slot stays counted in until a claim or a sweep reclaims it.
+//!
+//! The common admission holds one slot more, so it is counted once, as an
+//! admission, and stands for the slot too; the others (a weighted permit, a
+//! reclaimed slot, which was counted already, a slot handed to a waiting
+//! caller, counted when handed over) add the difference to `adjusted`. So
+//! the fast path writes one counter to claim and one to release.
 
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{fence, AtomicU64, Ordering};
 use std::cell::Cell;
 
 /// Lanes a thread can have to itself. Past this many live threads, the
@@ -31,13 +37,15 @@ const SHARED: u32 = LANES as u32;
 #[repr(align(64))]
 struct Lane {
     admitted: AtomicU64,
-    counted_in: AtomicU64,
+    /// Slots counted in beyond one per admission (wrapping: may be less).
+    adjusted: AtomicU64,
     counted_out: AtomicU64,
 }
 
+/// The lanes, in place (no pointer to follow on the fast path).
 #[derive(Debug)]
 pub(crate) struct Lanes {
-    lanes: Box<[Lane]>,
+    lanes: [Lane; LANES + 1],
 }
 
 /// The calling thread's lane, and the hash that spreads threads over a
@@ -61,7 +69,7 @@ impl ThreadLane {
 impl Lanes {
     pub(crate) fn new() -> Self {
         Self {
-            lanes: (0..=LANES).map(|_| Lane::default()).collect(),
+            lanes: std::array::from_fn(|_| Lane::default()),
         }
     }
 
@@ -71,15 +79,18 @@ impl Lanes {
         &self.lanes[(thread.lane as usize).min(LANES)]
     }
 
-    /// Counts one admission and `newly_held` slots held on this thread's
-    /// lane.
+    /// Counts one admission, holding one slot more, on this thread's lane.
     #[inline(always)]
-    pub(crate) fn admit(&self, thread: ThreadLane, newly_held: usize) {
-        let lane = self.lane(thread);
-        add(&lane.admitted, 1, thread);
-        if newly_held > 0 {
-            add(&lane.counted_in, newly_held as u64, thread);
-        }
+    pub(crate) fn admit(&self, thread: ThreadLane) {
+        add(&self.lane(thread).admitted, 1, thread);
+    }
+
+    /// Counts `slots` slots more held than one per admission (or fewer,
+    /// wrapping).
+    #[cold]
+    pub(crate) fn adjust(&self, slots: u64) {
+        let thread = current();
+        add(&self.lane(thread).adjusted, slots, thread);
     }
 
     /// Admissions made on this thread's lane, ever.
@@ -88,31 +99,40 @@ impl Lanes {
         self.lane(thread).admitted.load(Ordering::Relaxed)
     }
 
-    /// `slots` more slots are held (handed to a waiting caller).
-    pub(crate) fn count_in(&self, slots: usize) {
-        let thread = current();
-        add(&self.lane(thread).counted_in, slots as u64, thread);
-    }
-
-    /// `slots` slots are held no more.
+    /// `slots` slots are held no more. A release store (a plain store on
+    /// x86), so that a reader that sees it sees the count in before it (see
+    /// `held`).
     #[inline(always)]
     pub(crate) fn count_out(&self, slots: usize) {
         let thread = current();
-        add(&self.lane(thread).counted_out, slots as u64, thread);
+        let counter = &self.lane(thread).counted_out;
+        if thread.lane < SHARED {
+            counter.store(
+                counter.load(Ordering::Relaxed).wrapping_add(slots as u64),
+                Ordering::Release,
+            );
+        } else {
+            counter.fetch_add(slots as u64, Ordering::Release);
+        }
     }
 
     /// Slots held: counted in less counted out, over every lane. A snapshot
     /// of counters written at different times, so it can be off by the
     /// claims and releases under way; never below 0.
     pub(crate) fn held(&self) -> u64 {
-        let (counted_in, counted_out) =
-            self.in_use()
-                .fold((0u64, 0u64), |(counted_in, counted_out), lane| {
-                    (
-                        counted_in.wrapping_add(lane.counted_in.load(Ordering::Relaxed)),
-                        counted_out.wrapping_add(lane.counted_out.load(Ordering::Relaxed)),
-                    )
-                });
+        // Every count out first, then every count in: a slot counted in on
+        // one lane and out on another, between the reads of the two lanes,
+        // is then seen in both or only in, never only out, which would hide
+        // a slot held all along. The count out is a release and the fence
+        // acquires it, so whatever came before it (its count in) is seen.
+        let counted_out = self.in_use().fold(0u64, |sum, lane| {
+            sum.wrapping_add(lane.counted_out.load(Ordering::Relaxed))
+        });
+        fence(Ordering::Acquire);
+        let counted_in = self.in_use().fold(0u64, |sum, lane| {
+            sum.wrapping_add(lane.admitted.load(Ordering::Relaxed))
+                .wrapping_add(lane.adjusted.load(Ordering::Relaxed))
+        });
         let held = counted_in.wrapping_sub(counted_out);
         // A release counted before its admission was seen reads as a huge
         // number: it is 0.
@@ -259,7 +279,9 @@ mod tests {
     #[test]
     fn counts_add_up_across_threads_that_count_in_and_out_apart() {
         let lanes = std::sync::Arc::new(Lanes::new());
-        lanes.admit(current(), 3);
+        // An admission of three slots: one, and two more.
+        lanes.admit(current());
+        lanes.adjust(2);
         let other = lanes.clone();
         std::thread::spawn(move || other.count_out(2))
             .join()
@@ -279,7 +301,7 @@ mod tests {
                     // All alive at once, so some must share.
                     barrier.wait();
                     for _ in 0..1000 {
-                        lanes.admit(current(), 1);
+                        lanes.admit(current());
                     }
                     barrier.wait();
                 })
@@ -290,6 +312,56 @@ mod tests {
         }
         assert_eq!(lanes.admitted(), (LANES as u64 + 8) * 1000);
         assert_eq!(lanes.held(), (LANES as u64 + 8) * 1000);
+    }
+
+    /// One call held throughout, and calls counted in on one thread and
+    /// out on another, one at a time: a sum that read the count out of one
+    /// without its count in would read 0.
+    #[test]
+    fn a_call_held_throughout_is_always_counted_while_others_pass_between_threads() {
+        use std::sync::atomic::{AtomicBool, AtomicU64};
+        use std::sync::Arc;
+        let lanes = Arc::new(Lanes::new());
+        lanes.admit(current()); // held throughout
+        let (handed, done, stop) = (
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let counter_in = {
+            let (lanes, handed, done, stop) =
+                (lanes.clone(), handed.clone(), done.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    if done.load(Ordering::Acquire) == n {
+                        lanes.admit(current());
+                        n += 1;
+                        handed.store(n, Ordering::Release);
+                    }
+                }
+            })
+        };
+        let counter_out = {
+            let (lanes, handed, done, stop) =
+                (lanes.clone(), handed.clone(), done.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    if handed.load(Ordering::Acquire) > n {
+                        lanes.count_out(1);
+                        n += 1;
+                        done.store(n, Ordering::Release);
+                    }
+                }
+            })
+        };
+        for _ in 0..200_000 {
+            assert!(lanes.held() >= 1, "the call held throughout went uncounted");
+        }
+        stop.store(true, Ordering::Relaxed);
+        counter_in.join().unwrap();
+        counter_out.join().unwrap();
     }
 
     #[test]

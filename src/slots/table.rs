@@ -50,6 +50,10 @@ pub(crate) const MAX_SLOTS: usize = 1 << 20;
 /// Tables up to this many slots put each slot on a cache line of its own.
 pub(crate) const SMALL_TABLE: usize = 1024;
 
+/// Searches that could not trust what they saw before one holds a bracket
+/// open throughout (see `look`).
+const TRIES_BEFORE_HOLDING: usize = 3;
+
 /// A claim is chosen to sample the slots held (for the minute's peak, and
 /// for the hold-time histogram) when its thread's admissions, masked with
 /// this, are 0.
@@ -112,8 +116,10 @@ struct Search<'a> {
     want: Want,
     counted: usize,
     bracket: Option<Bracket<'a>>,
-    /// Brackets this search opened (each raised the count twice).
+    /// Brackets this search opened and closed (each raised the count twice).
     own_brackets: u64,
+    /// Its bracket is held from start to end, and never closed between.
+    held_throughout: bool,
     /// A bit cleared here was set again: something came free behind us.
     set_again: bool,
 }
@@ -237,9 +243,15 @@ impl SlotTable {
     }
 
     /// Searches the free map until it has what it wants or can trust that
-    /// there is not enough: no bracket but its own opened while it looked,
-    /// and no slot with a clear bit can have expired. Returns how many free
-    /// slots it counted (1 for a slot taken, handed to `taken`).
+    /// there is not enough: no bracket but its own opened, and no survey ran,
+    /// while it looked, and no slot with a clear bit can have expired.
+    /// Returns how many free slots it counted (1 for a slot taken, handed to
+    /// `taken`).
+    ///
+    /// A search that could not trust what it saw looks again; after a few
+    /// tries it holds a bracket open from start to end, so that no other
+    /// cleaner can open one meanwhile, and so cannot be made to look again
+    /// by cleaners that keep coming.
     fn look(
         &self,
         now: u64,
@@ -248,8 +260,7 @@ impl SlotTable {
         want: Want,
         mut taken: impl FnMut((usize, u64, u64)),
     ) -> usize {
-        loop {
-            let brackets = self.map.settled_brackets();
+        for attempt in 0.. {
             let mut search = Search {
                 table: self,
                 now,
@@ -259,7 +270,17 @@ impl SlotTable {
                 counted: 0,
                 bracket: None,
                 own_brackets: 0,
+                held_throughout: attempt >= TRIES_BEFORE_HOLDING,
                 set_again: false,
+            };
+            let quiet = if search.held_throughout {
+                search.bracket = Some(self.map.bracket());
+                while self.map.surveying() {
+                    self.map.wait_for_survey();
+                }
+                self.map.quiet()
+            } else {
+                self.map.settled()
             };
             let top = self.map.levels() - 1;
             if let Some(found) = search.word(top, 0) {
@@ -271,21 +292,27 @@ impl SlotTable {
                     return search.counted;
                 }
             }
-            drop(search.bracket.take());
             if search.set_again {
                 continue;
             }
             if self.map.may_have_expired(Bound::Cleared, now) {
+                drop(search.bracket.take());
                 self.survey(now);
                 continue;
             }
-            if self.map.brackets() == brackets + 2 * search.own_brackets {
+            // Its own bracket closes first, unless held throughout: then it
+            // is still open, and counted in `quiet` already.
+            if !search.held_throughout {
+                drop(search.bracket.take());
+            }
+            if self.map.still(quiet, search.own_brackets) {
                 return search.counted;
             }
-            // Another cleaner's bracket was open while this search looked: a
-            // bit it cleared may have hidden a slot that came free.
-            self.map.wait_for_bracket();
+            // Another cleaner's bracket was open, or a survey ran, while this
+            // search looked: a bit cleared, or a bound raised, may have
+            // hidden a slot that came free. Look again once they are done.
         }
+        unreachable!("`0..` does not end")
     }
 
     /// Sets the bits of every slot expired at `now`, and raises the free
@@ -391,27 +418,33 @@ impl SlotTable {
                 .store(next_generation(previous), Ordering::SeqCst);
         }
         self.map.mark_all_free(self.len);
-        // The slots it freed were counted in and will never be counted out:
-        // their holders' releases find new words.
+        // The slots it freed were counted in (or will be, by a claim being
+        // admitted now) and will never be counted out: their holders'
+        // releases find new words. A claim given back unused finds its slot
+        // gone and counts it in (see `Shared::give_back_unused`).
         self.reset_held.fetch_add(freed, Ordering::Relaxed);
         if let Some(budget) = &self.budget {
             budget.reset();
         }
     }
 
-    /// Counts the admission of `claim`, a call that got its slot, and
-    /// `newly_held` slots held, on this thread's lane. A claim given back
-    /// without being admitted (its caller went away, its bytes did not fit)
-    /// is never counted, so the total only ever grows.
+    /// Counts the admission of a call that got its slot, and `newly_held`
+    /// slots held (usually one: the common case costs one counter), on this
+    /// thread's lane. A claim given back without being admitted (its caller
+    /// went away, its bytes did not fit) is never counted, so the total only
+    /// ever grows.
     #[inline(always)]
     pub(crate) fn count_admission(&self, newly_held: usize) {
-        self.lanes.admit(lanes::current(), newly_held);
+        self.lanes.admit(lanes::current());
+        if newly_held != 1 {
+            self.lanes.adjust((newly_held as u64).wrapping_sub(1));
+        }
     }
 
     /// `slots` more slots are held (handed to a waiting caller).
     pub(crate) fn count_in(&self, slots: usize) {
         if slots > 0 {
-            self.lanes.count_in(slots);
+            self.lanes.adjust(slots as u64);
         }
     }
 
@@ -606,15 +639,18 @@ impl<'a> Search<'a> {
     /// one open. A bracket that has cleared its batch is closed and another
     /// opened, so that a search waiting for it never waits long.
     fn bracket(&mut self) -> Option<&mut Bracket<'a>> {
-        if self
-            .bracket
-            .as_ref()
-            .is_some_and(|bracket| bracket.cleared >= CLEAN_BATCH)
+        if !self.held_throughout
+            && self
+                .bracket
+                .as_ref()
+                .is_some_and(|bracket| bracket.cleared >= CLEAN_BATCH)
         {
             self.bracket = None;
         }
         if self.bracket.is_none() {
             self.bracket = Some(self.table.map.try_bracket()?);
+            // Counted as opened and closed: it closes before the count is
+            // compared (see `look`).
             self.own_brackets += 1;
         }
         self.bracket.as_mut()
@@ -671,6 +707,53 @@ mod tests {
         assert_ne!(old.word(), new.word());
         assert_eq!(table.release(&old), 0);
         assert_eq!(table.held(5), 1);
+    }
+
+    #[test]
+    fn a_claim_given_back_across_a_reset_leaves_the_count_even() {
+        let table = SlotTable::new(4, HOLD, None);
+        let refused = table.try_claim(1, Ordering::Relaxed).unwrap();
+        table.reset();
+        assert_eq!(table.release(&refused), 0);
+        // What `Shared::give_back_unused` does for a claim never counted in
+        // whose slot was taken over.
+        table.count_in(1);
+        let _held = table.try_claim(2, Ordering::Relaxed).unwrap();
+        table.count_admission(1);
+        assert_eq!(table.in_flight(), 1);
+    }
+
+    /// A survey of a million slots takes long enough for another claim to
+    /// search while it scans, with the bound raised: that claim must wait
+    /// for it rather than trust the bound.
+    #[test]
+    fn a_claim_during_a_survey_is_not_shed_beside_an_expired_slot() {
+        use std::sync::Arc;
+        const N: usize = 1 << 20;
+        let table = Arc::new(SlotTable::new(N, HOLD, None));
+        let mut claims: Vec<Claim> = (0..N)
+            .map(|_| table.try_claim(1, Ordering::SeqCst).unwrap())
+            .collect();
+        claims.sort_by_key(Claim::index);
+        let _leaked = claims.split_off(N - 2);
+        for claim in &claims {
+            assert_eq!(table.release(claim), 1);
+        }
+        for _ in 0..N - 2 {
+            table.try_claim(50, Ordering::SeqCst).unwrap();
+        }
+        assert!(table.try_claim(50, Ordering::SeqCst).is_none());
+        let expired = 1 + HOLD;
+        let surveyor = {
+            let table = table.clone();
+            std::thread::spawn(move || table.try_claim(expired, Ordering::SeqCst).is_some())
+        };
+        while table.map.may_have_expired(Bound::Cleared, expired) {
+            std::hint::spin_loop();
+        }
+        let mine = table.try_claim(expired, Ordering::SeqCst);
+        assert!(surveyor.join().unwrap());
+        assert!(mine.is_some(), "shed while a slot had expired");
     }
 
     #[test]
