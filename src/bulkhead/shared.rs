@@ -130,17 +130,12 @@ impl Shared {
     /// the bytes of `share` (recorded on its slot already) are counted in.
     #[inline(always)]
     pub(crate) fn admitted(&self, claim: &Claim, share: Share) {
-        // Reclaimed slots were counted as held already, and slots handed to
-        // a waiting caller when they were handed over.
-        let newly_held = if claim.granted() {
-            0
+        let newly_held = if claim.is_plain() {
+            self.slots.count_admission(1);
+            1
         } else {
-            claim.weight() - claim.reclaimed_slots()
+            self.admitted_otherwise(claim)
         };
-        self.slots.count_admission(newly_held);
-        if claim.reclaimed() || claim.sample() {
-            self.admitted_rarely(claim);
-        }
         let at = self.slots.claimed_at(claim);
         if self.observer.rollups.minute_turned(at.saturating_sub(1)) {
             self.turn_minute(at, 1);
@@ -219,6 +214,26 @@ impl Shared {
         self.observer
             .rollups
             .turn(now.saturating_sub(1), totals, self.slots.in_flight());
+    }
+
+    /// The admission of a claim that is not plain: weighted, reclaimed,
+    /// handed to a waiting caller or sampled. Returns the slots it newly
+    /// holds.
+    #[cold]
+    #[inline(never)]
+    fn admitted_otherwise(&self, claim: &Claim) -> usize {
+        // Reclaimed slots were counted as held already, and slots handed to
+        // a waiting caller when they were handed over.
+        let newly_held = if claim.granted() {
+            0
+        } else {
+            claim.weight() - claim.reclaimed_slots()
+        };
+        self.slots.count_admission(newly_held);
+        if claim.reclaimed() || claim.sample() {
+            self.admitted_rarely(claim);
+        }
+        newly_held
     }
 
     #[cold]

@@ -101,6 +101,14 @@ impl Claim {
         self
     }
 
+    /// One slot, neither reclaimed nor handed to a waiting caller nor
+    /// sampled: the common claim, whose admission counts one slot held and
+    /// nothing else.
+    #[inline(always)]
+    pub(crate) fn is_plain(&self) -> bool {
+        self.tagged_index & (RECLAIMED | SAMPLE | GRANTED | WEIGHT_MASK) == 0
+    }
+
     /// Whether the claim was made on behalf of a waiting caller.
     #[inline]
     pub(crate) fn granted(&self) -> bool {
