@@ -365,14 +365,22 @@ impl Shared {
         } else {
             claim.reclaimed_slots().min(freed)
         };
-        self.slots.count_out(counted);
-        let lost = claim.weight() - freed;
-        if !claim.granted() && claim.reclaimed_slots() == 0 && lost > 0 {
-            // Never counted in, and taken over meanwhile: by a reset, which
-            // counted them as held, or by a claim after their deadline,
-            // which counts them as held already. Counted in now, so that
-            // the count comes out even.
-            self.slots.count_in(lost);
+        if claim.granted() {
+            self.slots.count_out(freed);
+        } else {
+            // Its reclaimed slots were counted in by the holders that
+            // vanished, the others never. Of its slots, those it freed are
+            // held by nobody now; those it lost were taken over meanwhile, by
+            // a reset, which counted them as held, or by a claim after their
+            // deadline, which counts them as held already: so they must
+            // count as held. That comes to counting out what it freed, less
+            // what was never counted in.
+            let (weight, reclaimed) = (claim.weight(), claim.reclaimed_slots());
+            if freed + reclaimed >= weight {
+                self.slots.count_out(freed + reclaimed - weight);
+            } else {
+                self.slots.count_in(weight - freed - reclaimed);
+            }
         }
         self.observer.unused(claim.reclaimed_slots(), counted);
     }
@@ -475,5 +483,37 @@ impl Shared {
     #[inline]
     pub(crate) fn now(&self) -> u64 {
         self.clock.now()
+    }
+}
+
+#[cfg(all(test, not(tower_inflight_loom)))]
+mod tests {
+    use crate::{Bulkhead, Config, ManualClock};
+    use std::time::Duration;
+
+    /// Claims given back unused across a reset: whatever they had
+    /// reclaimed, the count comes out even.
+    #[test]
+    fn claims_given_back_across_a_reset_leave_the_count_even() {
+        for leaked in [false, true] {
+            let clock = ManualClock::new();
+            let bulkhead =
+                Bulkhead::new(Config::new(2, Duration::from_secs(1)).clock(clock.clone()));
+            if leaked {
+                std::mem::forget(bulkhead.try_acquire().unwrap());
+                clock.advance(Duration::from_secs(2));
+            }
+            let shared = bulkhead.shared();
+            let claim = shared.try_claim_weighted(2, shared.now()).unwrap();
+            assert_eq!(claim.reclaimed_slots(), usize::from(leaked));
+            bulkhead.reset();
+            shared.give_back_unused(&claim);
+            assert_eq!(bulkhead.in_flight(), 0, "leaked: {leaked}");
+            let _held = (
+                bulkhead.try_acquire().unwrap(),
+                bulkhead.try_acquire().unwrap(),
+            );
+            assert_eq!(bulkhead.in_flight(), 2, "leaked: {leaked}");
+        }
     }
 }

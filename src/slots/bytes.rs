@@ -138,16 +138,18 @@ impl SlotTable {
         if self.budget.is_none() {
             return false;
         }
-        if self.map.surveying() {
-            // Its bound is raised while it scans: wait for what it gives
-            // back, and have the caller try again.
+        // A survey running now may be of the bytes, whose bound it has
+        // raised while it scans: waited for, and then this one looks
+        // itself, and the caller tries again either way.
+        let waited = self.map.surveying();
+        if waited {
             self.map.wait_for_survey();
-            return true;
         }
         if !self.map.may_have_expired(Bound::Bytes, now) {
-            return false;
+            return waited;
         }
-        self.map
+        let recovered = self
+            .map
             .survey(Bound::Bytes, now, || {
                 let mut earliest = u64::MAX;
                 let mut recovered = false;
@@ -164,7 +166,8 @@ impl SlotTable {
                 }
                 (earliest, recovered)
             })
-            .unwrap_or(false)
+            .unwrap_or(false);
+        waited || recovered
     }
 
     /// Takes the byte record of the expired holder of slot `index`, whose
@@ -263,6 +266,41 @@ mod tests {
         }
         assert!(reclaimer.is_some_and(|claim| claim.reclaimed()));
         assert_eq!(table.bytes_reserved(), 0, "nothing given back twice");
+    }
+
+    /// A survey of the free map, running as a call is refused for its
+    /// bytes, does not keep the call from looking for expired bytes itself.
+    #[test]
+    fn a_byte_refusal_during_another_survey_still_finds_expired_bytes() {
+        use crate::slots::free_map::Bound;
+        use std::sync::Arc;
+        const N: usize = 1 << 20;
+        for _ in 0..3 {
+            let table = Arc::new(SlotTable::new(N, HOLD, Some(1000)));
+            let leaked = table.try_claim(1, Ordering::SeqCst).unwrap();
+            assert!(table.reserve_bytes(&leaked, 1000).is_some());
+            let now = 2 + HOLD;
+            let mine = table.try_claim(1, Ordering::SeqCst).unwrap();
+            assert!(
+                table.reserve_bytes(&mine, 1).is_none(),
+                "the budget is spent"
+            );
+            // A search saw the free map's bound pass: it surveys.
+            table.map.lower(Bound::Cleared, 1);
+            let surveyor = {
+                let table = table.clone();
+                std::thread::spawn(move || table.survey(now))
+            };
+            while !table.map.surveying() && !surveyor.is_finished() {
+                std::hint::spin_loop();
+            }
+            assert!(table.recover_expired_bytes(now));
+            assert!(
+                table.reserve_bytes(&mine, 1).is_some(),
+                "refused beside an expired holder's bytes"
+            );
+            surveyor.join().unwrap();
+        }
     }
 
     #[test]

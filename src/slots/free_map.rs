@@ -93,6 +93,13 @@ pub(super) struct Quiet {
     surveys: u64,
 }
 
+impl Quiet {
+    /// A survey was running when these counts were read.
+    pub(super) fn surveying(&self) -> bool {
+        self.surveys % 2 != 0
+    }
+}
+
 /// What a lower bound on deadlines stands for.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Bound {
@@ -302,7 +309,7 @@ impl FreeMap {
 
     /// Whether a survey is running now.
     pub(super) fn surveying(&self) -> bool {
-        self.quiet().surveys % 2 != 0
+        self.quiet().surveying()
     }
 
     /// Waits for a running survey to end.
@@ -314,7 +321,9 @@ impl FreeMap {
     /// caller, is what the counts are now.
     pub(super) fn still(&self, before: Quiet, own: u64) -> bool {
         let now = self.quiet();
-        now.surveys == before.surveys && now.brackets == before.brackets + 2 * own
+        !before.surveying()
+            && now.surveys == before.surveys
+            && now.brackets == before.brackets + 2 * own
     }
 
     /// Surveys for the bound: the caller runs `scan` (which deals with the

@@ -37,7 +37,7 @@ const SHARED: u32 = LANES as u32;
 #[repr(align(64))]
 struct Lane {
     admitted: AtomicU64,
-    /// Slots counted in beyond one per admission (wrapping: may be less).
+    /// Slots counted in beyond one per admission.
     adjusted: AtomicU64,
     counted_out: AtomicU64,
 }
@@ -85,8 +85,7 @@ impl Lanes {
         add(&self.lane(thread).admitted, 1, thread);
     }
 
-    /// Counts `slots` slots more held than one per admission (or fewer,
-    /// wrapping).
+    /// Counts `slots` slots more held than one per admission.
     #[cold]
     pub(crate) fn adjust(&self, slots: u64) {
         let thread = current();

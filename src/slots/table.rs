@@ -52,7 +52,8 @@ pub(crate) const SMALL_TABLE: usize = 1024;
 
 /// Searches that could not trust what they saw before one holds a bracket
 /// open throughout (see `look`).
-const TRIES_BEFORE_HOLDING: usize = 3;
+/// (One under loom, so that the models reach the held bracket.)
+const TRIES_BEFORE_HOLDING: usize = if cfg!(tower_inflight_loom) { 1 } else { 3 };
 
 /// A claim is chosen to sample the slots held (for the minute's peak, and
 /// for the hold-time histogram) when its thread's admissions, masked with
@@ -275,10 +276,15 @@ impl SlotTable {
             };
             let quiet = if search.held_throughout {
                 search.bracket = Some(self.map.bracket());
-                while self.map.surveying() {
+                // A survey may start between a look and the read: only a
+                // read that finds none running is a baseline.
+                loop {
+                    let quiet = self.map.quiet();
+                    if !quiet.surveying() {
+                        break quiet;
+                    }
                     self.map.wait_for_survey();
                 }
-                self.map.quiet()
             } else {
                 self.map.settled()
             };
@@ -436,8 +442,13 @@ impl SlotTable {
     #[inline(always)]
     pub(crate) fn count_admission(&self, newly_held: usize) {
         self.lanes.admit(lanes::current());
-        if newly_held != 1 {
-            self.lanes.adjust((newly_held as u64).wrapping_sub(1));
+        match newly_held {
+            1 => {}
+            // Counted as held already: the admission's one is counted out
+            // again, after it, as a count out (see `Lanes::held`: a count in
+            // that went below zero could hide a slot held all along).
+            0 => self.lanes.count_out(1),
+            more => self.lanes.adjust(more as u64 - 1),
         }
     }
 
@@ -464,10 +475,10 @@ impl SlotTable {
     /// counts until it is reclaimed. In time that does not grow with the
     /// limit.
     pub(crate) fn in_flight(&self) -> usize {
-        let held = self
-            .lanes
-            .held()
-            .saturating_sub(self.reset_held.load(Ordering::Relaxed));
+        // The resets first: a reset between the two reads then counts too
+        // much, never too little.
+        let reset_held = self.reset_held.load(Ordering::Relaxed);
+        let held = self.lanes.held().saturating_sub(reset_held);
         (held as usize).min(self.len)
     }
 
