@@ -322,12 +322,17 @@ impl Shared {
         bytes: u64,
     ) -> Result<Permit, ServiceSaturated> {
         let mut reserved = shared.slots.reserve_bytes(&claim, bytes);
-        if reserved.is_none() && shared.slots.recover_expired_bytes(shared.clock.now()) {
-            // Bytes of holders that vanished were what filled the budget.
+        if reserved.is_none() {
+            let recovered = shared.slots.recover_expired_bytes(shared.clock.now());
+            // Tried again whether or not this call recovered any: another
+            // may have, between the first try and the survey.
             reserved = shared.slots.reserve_bytes(&claim, bytes);
-            // Their slots, expired, are free: hand them to whoever is parked
-            // rather than leave them until the next release.
-            shared.waiters.after_release(&shared.slots, &shared.clock);
+            if recovered {
+                // Bytes of holders that vanished were what filled the budget;
+                // their slots, expired, are free: hand them to whoever is
+                // parked rather than leave them until the next release.
+                shared.waiters.after_release(&shared.slots, &shared.clock);
+            }
         }
         shared.observer.bytes(|| shared.slots.bytes_reserved());
         match reserved {
@@ -360,13 +365,9 @@ impl Shared {
         self.waiters.after_release(&self.slots, &self.clock);
         // A claim handed to a waiting caller had all its slots counted as
         // held; any other, only those it reclaimed.
-        let counted = if claim.granted() {
-            freed
-        } else {
-            claim.reclaimed_slots().min(freed)
-        };
         if claim.granted() {
             self.slots.count_out(freed);
+            self.observer.unused(claim.reclaimed_slots(), freed);
         } else {
             // Its reclaimed slots were counted in by the holders that
             // vanished, the others never. Of its slots, those it freed are
@@ -375,14 +376,19 @@ impl Shared {
             // deadline, which counts them as held already: so they must
             // count as held. That comes to counting out what it freed, less
             // what was never counted in.
+            // The in-flight gauge moves the same way. (A reset sets the
+            // gauge to 0, so a slot lost to a reset, never counted in,
+            // leaves it one too high; only a byte refusal racing a reset.)
             let (weight, reclaimed) = (claim.weight(), claim.reclaimed_slots());
             if freed + reclaimed >= weight {
                 self.slots.count_out(freed + reclaimed - weight);
+                self.observer.unused(reclaimed, freed + reclaimed - weight);
             } else {
                 self.slots.count_in(weight - freed - reclaimed);
+                self.observer.unused(reclaimed, 0);
+                self.observer.held(weight - freed - reclaimed);
             }
         }
-        self.observer.unused(claim.reclaimed_slots(), counted);
     }
 
     pub(super) fn totals(&self) -> Totals {
@@ -515,5 +521,71 @@ mod tests {
             );
             assert_eq!(bulkhead.in_flight(), 2, "leaked: {leaked}");
         }
+    }
+
+    /// A weighted claim, some of whose slots it reclaimed, given back unused
+    /// after others reclaimed some of its slots in turn: the count comes out
+    /// even whatever the mix.
+    #[test]
+    fn a_partly_reclaimed_claim_lost_to_reclaimers_leaves_the_count_even() {
+        for leaked in 0..=2usize {
+            for takers in 0..=3usize {
+                let clock = ManualClock::new();
+                let bulkhead =
+                    Bulkhead::new(Config::new(3, Duration::from_secs(1)).clock(clock.clone()));
+                for _ in 0..leaked {
+                    std::mem::forget(bulkhead.try_acquire().unwrap());
+                }
+                clock.advance(Duration::from_secs(2));
+                let shared = bulkhead.shared();
+                let claim = shared.try_claim_weighted(3, shared.now()).unwrap();
+                assert_eq!(claim.reclaimed_slots(), leaked);
+                clock.advance(Duration::from_secs(2));
+                let held: Vec<_> = (0..takers)
+                    .map(|_| bulkhead.try_acquire().unwrap())
+                    .collect();
+                shared.give_back_unused(&claim);
+                assert_eq!(
+                    bulkhead.in_flight(),
+                    takers,
+                    "{leaked} leaked, {takers} took"
+                );
+                drop(held);
+                assert_eq!(bulkhead.in_flight(), 0, "{leaked} leaked, {takers} took");
+            }
+        }
+    }
+
+    /// The same for the in-flight gauge.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn the_gauge_follows_a_partly_reclaimed_claim_lost_to_a_reclaimer() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let clock = ManualClock::new();
+        let bulkhead = metrics::with_local_recorder(&recorder, || {
+            Bulkhead::new(Config::new(2, Duration::from_secs(1)).clock(clock.clone()))
+        });
+        std::mem::forget(bulkhead.try_acquire().unwrap());
+        clock.advance(Duration::from_secs(2));
+        let shared = bulkhead.shared();
+        let claim = shared.try_claim_weighted(2, shared.now()).unwrap();
+        assert_eq!(claim.reclaimed_slots(), 1);
+        clock.advance(Duration::from_secs(2));
+        let taker = bulkhead.try_acquire().unwrap();
+        shared.give_back_unused(&claim);
+        let gauge = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .find_map(|(key, _, _, value)| {
+                (key.key().name() == "tower_inflight_in_flight").then_some(value)
+            });
+        let Some(DebugValue::Gauge(gauge)) = gauge else {
+            panic!("no in-flight gauge")
+        };
+        assert_eq!((gauge.into_inner(), bulkhead.in_flight()), (1.0, 1));
+        drop(taker);
     }
 }

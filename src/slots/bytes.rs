@@ -303,6 +303,31 @@ mod tests {
         }
     }
 
+    /// Two calls refused for their bytes at once: the second to survey finds
+    /// nothing left to recover (the first did), but the bytes are free, so
+    /// the reservation tried again after the survey succeeds. This is why
+    /// `Shared::permit_with_bytes` tries again whatever the survey says.
+    #[test]
+    fn a_second_refusal_finds_the_bytes_the_first_recovered() {
+        let table = SlotTable::new(4, HOLD, Some(1000));
+        let leaked = table.try_claim(1, Ordering::SeqCst).unwrap();
+        assert!(table.reserve_bytes(&leaked, 1000).is_some());
+        let now = 2 + HOLD;
+        let (a, b) = (
+            table.try_claim(3, Ordering::SeqCst).unwrap(),
+            table.try_claim(3, Ordering::SeqCst).unwrap(),
+        );
+        assert!(table.reserve_bytes(&a, 1).is_none());
+        assert!(table.reserve_bytes(&b, 1).is_none());
+        assert!(table.recover_expired_bytes(now));
+        assert!(table.reserve_bytes(&b, 1).is_some());
+        assert!(!table.recover_expired_bytes(now), "nothing left to recover");
+        assert!(
+            table.reserve_bytes(&a, 1).is_some(),
+            "yet 999 bytes are free"
+        );
+    }
+
     #[test]
     fn a_record_stored_by_the_slot_s_next_holder_is_never_taken() {
         let table = SlotTable::new(1, HOLD, Some(1000));
