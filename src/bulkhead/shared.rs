@@ -51,13 +51,13 @@ impl Shared {
             config.on_event.clone(),
             rollups,
         );
-        let waiters = Waiters::new(config.queue_order.clone());
+        let slots = SlotTable::new(config.limit, hold, config.max_bytes);
         #[cfg(feature = "metrics")]
-        let waiters = waiters.count_grants_in(observer.in_flight_gauge());
+        let slots = slots.with_gauge(observer.in_flight_gauge());
         Ok(Shared {
-            slots: SlotTable::new(config.limit, hold, config.max_bytes),
+            slots,
             clock,
-            waiters,
+            waiters: Waiters::new(config.queue_order.clone()),
             observer,
             saturation: config.saturation_signal.map(SaturationSignal::new),
             codel: config.codel.map(Codel::new),
@@ -130,17 +130,16 @@ impl Shared {
     /// the bytes of `share` (recorded on its slot already) are counted in.
     #[inline(always)]
     pub(crate) fn admitted(&self, claim: &Claim, share: Share) {
-        let newly_held = if claim.is_plain() {
+        if claim.is_plain() {
             self.slots.count_admission(1);
-            1
         } else {
-            self.admitted_otherwise(claim)
-        };
+            self.admitted_otherwise(claim);
+        }
         let at = self.slots.claimed_at(claim);
         if self.observer.rollups.minute_turned(at.saturating_sub(1)) {
             self.turn_minute(at, 1);
         }
-        self.observer.admitted(newly_held);
+        self.observer.admitted();
         if self.observer.has_hook() {
             self.admitted_events(claim, share);
         }
@@ -217,11 +216,10 @@ impl Shared {
     }
 
     /// The admission of a claim that is not plain: weighted, reclaimed,
-    /// handed to a waiting caller or sampled. Returns the slots it newly
-    /// holds.
+    /// handed to a waiting caller or sampled.
     #[cold]
     #[inline(never)]
-    fn admitted_otherwise(&self, claim: &Claim) -> usize {
+    fn admitted_otherwise(&self, claim: &Claim) {
         // Reclaimed slots were counted as held already, and slots handed to
         // a waiting caller when they were handed over.
         let newly_held = if claim.granted() {
@@ -233,7 +231,6 @@ impl Shared {
         if claim.reclaimed() || claim.sample() {
             self.admitted_rarely(claim);
         }
-        newly_held
     }
 
     #[cold]
@@ -262,7 +259,7 @@ impl Shared {
                     .saturating_sub(self.slots.claimed_at(claim));
                 self.clock.duration(held)
             });
-            self.observer.released(held, freed);
+            self.observer.released(held);
         }
         // The clock is read only if somebody is parked.
         self.waiters.after_release(&self.slots, &self.clock);
@@ -289,9 +286,7 @@ impl Shared {
             let reclaimed = self.slots.reclaim_expired(self.clock.now());
             if reclaimed > 0 {
                 self.slots.count_out(reclaimed);
-                self.observer.reclaimed(reclaimed);
-                self.observer.reclaimed_events(reclaimed);
-                self.observer.released(None, reclaimed);
+                self.observer.reclaimed_with_events(reclaimed);
                 // Freed: handed to whoever is parked, as a release would.
                 self.waiters.after_release(&self.slots, &self.clock);
                 in_flight = self.slots.in_flight();
@@ -351,9 +346,8 @@ impl Shared {
     /// permit later, as held in the in-flight gauge (its reclaimed slots were
     /// counted already).
     pub(crate) fn count_grant(&self, claim: &Claim) {
-        let newly_held = claim.weight() - claim.reclaimed_slots();
-        self.slots.count_in(newly_held);
-        self.observer.held(newly_held);
+        self.slots
+            .count_in(claim.weight() - claim.reclaimed_slots());
     }
 
     /// Gives back a claim that never became a permit (its caller went away,
@@ -364,31 +358,24 @@ impl Shared {
         let freed = self.slots.release(claim);
         self.waiters.after_release(&self.slots, &self.clock);
         // A claim handed to a waiting caller had all its slots counted as
-        // held; any other, only those it reclaimed.
-        if claim.granted() {
-            self.slots.count_out(freed);
-            self.observer.unused(claim.reclaimed_slots(), freed);
+        // held when it was handed over; any other, only those it reclaimed
+        // (by the holders that vanished). Of its slots, those it freed are
+        // held by nobody now; those it lost were taken over meanwhile, by a
+        // reset, which counted them as held, or by a claim after their
+        // deadline, which counts them as held already: so they must stay
+        // counted. That comes to counting out what was counted, less what it
+        // lost. (A reset sets the in-flight gauge to 0, so a slot lost to a
+        // reset that was never counted in leaves the gauge one too high: a
+        // byte refusal racing a reset.)
+        let (weight, reclaimed) = (claim.weight(), claim.reclaimed_slots());
+        let counted = if claim.granted() { weight } else { reclaimed };
+        let lost = weight - freed;
+        if counted >= lost {
+            self.slots.count_out(counted - lost);
         } else {
-            // Its reclaimed slots were counted in by the holders that
-            // vanished, the others never. Of its slots, those it freed are
-            // held by nobody now; those it lost were taken over meanwhile, by
-            // a reset, which counted them as held, or by a claim after their
-            // deadline, which counts them as held already: so they must
-            // count as held. That comes to counting out what it freed, less
-            // what was never counted in.
-            // The in-flight gauge moves the same way. (A reset sets the
-            // gauge to 0, so a slot lost to a reset, never counted in,
-            // leaves it one too high; only a byte refusal racing a reset.)
-            let (weight, reclaimed) = (claim.weight(), claim.reclaimed_slots());
-            if freed + reclaimed >= weight {
-                self.slots.count_out(freed + reclaimed - weight);
-                self.observer.unused(reclaimed, freed + reclaimed - weight);
-            } else {
-                self.slots.count_in(weight - freed - reclaimed);
-                self.observer.unused(reclaimed, 0);
-                self.observer.held(weight - freed - reclaimed);
-            }
+            self.slots.count_in(lost - counted);
         }
+        self.observer.reclaimed_with_events(reclaimed);
     }
 
     pub(super) fn totals(&self) -> Totals {

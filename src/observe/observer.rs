@@ -66,34 +66,25 @@ impl Observer {
         self.hook.is_some()
     }
 
-    /// A permit was granted, holding `newly_held` slots that were not
-    /// counted as held before (reclaimed ones were). Its event is
+    /// A permit was granted. Its event is
     /// [`admitted_event`](Self::admitted_event), apart, since the hook may
-    /// panic before the permit exists.
+    /// panic before the permit exists. (The slots it holds are counted by
+    /// the slot table, which also keeps the in-flight gauge.)
     #[inline]
-    pub(crate) fn admitted(&self, newly_held: usize) {
+    pub(crate) fn admitted(&self) {
         #[cfg(feature = "metrics")]
-        {
-            self.metrics.admitted.increment(1);
-            if newly_held > 0 {
-                self.metrics.in_flight.increment(newly_held as f64);
-            }
-        }
-        let _ = newly_held;
+        self.metrics.admitted.increment(1);
     }
 
-    /// A permit's holder freed `slots` slots, after `held` if it was
+    /// A permit's holder released its slots after `held`, if it was
     /// measured.
     #[inline]
-    pub(crate) fn released(&self, held: Option<Duration>, slots: usize) {
+    pub(crate) fn released(&self, held: Option<Duration>) {
         #[cfg(feature = "metrics")]
-        {
-            self.metrics.in_flight.decrement(slots as f64);
-            if let Some(held) = held {
-                self.metrics.hold_seconds.record(held.as_secs_f64());
-            }
+        if let Some(held) = held {
+            self.metrics.hold_seconds.record(held.as_secs_f64());
         }
-        let _ = (held, slots);
+        let _ = held;
     }
 
     /// The event of an admission.
@@ -127,30 +118,17 @@ impl Observer {
         }
     }
 
-    /// A claim was given back without becoming a permit: its `reclaimed`
-    /// slots are counted as reclaimed, and `counted` slots, freed and
-    /// counted as held before, out of the slots held.
+    /// `slots` slots were reclaimed, by a claim that was then given back
+    /// unused or by a drain: counted, and an event each.
     #[cold]
-    pub(crate) fn unused(&self, reclaimed: usize, counted: usize) {
-        if reclaimed > 0 {
-            self.reclaimed(reclaimed);
-            self.reclaimed_events(reclaimed);
-        }
-        if counted > 0 {
-            self.released(None, counted);
-        }
-    }
-
-    /// `slots` more slots are held, ahead of their admission.
-    pub(crate) fn held(&self, slots: usize) {
-        #[cfg(feature = "metrics")]
+    pub(crate) fn reclaimed_with_events(&self, slots: usize) {
         if slots > 0 {
-            self.metrics.in_flight.increment(slots as f64);
+            self.reclaimed(slots);
+            self.reclaimed_events(slots);
         }
-        let _ = slots;
     }
 
-    /// The in-flight gauge, to count slots handed to waiting callers.
+    /// The in-flight gauge, for the slot table, which counts the slots held.
     #[cfg(feature = "metrics")]
     pub(crate) fn in_flight_gauge(&self) -> metrics::Gauge {
         self.metrics.in_flight.clone()

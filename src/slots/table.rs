@@ -84,6 +84,9 @@ pub(crate) struct SlotTable {
     pub(super) companions: Mutex<Vec<(Claim, Box<[Claim]>)>>,
     /// Held slots that a reset freed: they never count out.
     reset_held: AtomicU64,
+    /// The slots held, as a metrics gauge, moved wherever the lanes are.
+    #[cfg(feature = "metrics")]
+    gauge: Option<metrics::Gauge>,
 }
 
 pub(super) fn deadline(word: u64) -> u64 {
@@ -139,7 +142,26 @@ impl SlotTable {
             budget: max_bytes.map(ByteBudget::new),
             companions: Mutex::new(Vec::new()),
             reset_held: AtomicU64::new(0),
+            #[cfg(feature = "metrics")]
+            gauge: None,
         }
+    }
+
+    /// Keeps `gauge` at the slots held (a reset sets it to 0 itself).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn with_gauge(mut self, gauge: metrics::Gauge) -> Self {
+        self.gauge = Some(gauge);
+        self
+    }
+
+    /// Moves the gauge, if there is one, by `slots` slots more held.
+    #[inline(always)]
+    fn gauge(&self, slots: f64) {
+        #[cfg(feature = "metrics")]
+        if let Some(gauge) = &self.gauge {
+            gauge.increment(slots);
+        }
+        let _ = slots;
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -442,6 +464,9 @@ impl SlotTable {
     #[inline(always)]
     pub(crate) fn count_admission(&self, newly_held: usize) {
         self.lanes.admit(lanes::current());
+        if newly_held > 0 {
+            self.gauge(newly_held as f64);
+        }
         match newly_held {
             1 => {}
             // Counted as held already: the admission's one is counted out
@@ -456,6 +481,7 @@ impl SlotTable {
     pub(crate) fn count_in(&self, slots: usize) {
         if slots > 0 {
             self.lanes.adjust(slots as u64);
+            self.gauge(slots as f64);
         }
     }
 
@@ -463,6 +489,7 @@ impl SlotTable {
     #[inline(always)]
     pub(crate) fn count_out(&self, slots: usize) {
         self.lanes.count_out(slots);
+        self.gauge(-(slots as f64));
     }
 
     /// Admissions, ever.

@@ -38,10 +38,6 @@ pub(crate) struct Waiters {
     /// claims, and `CLOSED` (see `PARKED`). Written only under the lock.
     parked: AtomicU64,
     queue: Mutex<Line<Arc<Node>>>,
-    /// The in-flight gauge: a slot handed to a waiting caller is counted as
-    /// held when it is handed over (see `Claim::granted_to_waiter`).
-    #[cfg(feature = "metrics")]
-    in_flight: Option<metrics::Gauge>,
 }
 
 /// One parked caller, shared between the queue and the caller's future.
@@ -134,16 +130,7 @@ impl Waiters {
         Self {
             parked: AtomicU64::new(0),
             queue: Mutex::new(Line::new(order)),
-            #[cfg(feature = "metrics")]
-            in_flight: None,
         }
-    }
-
-    /// Counts the slots handed to waiting callers in `gauge`.
-    #[cfg(feature = "metrics")]
-    pub(crate) fn count_grants_in(mut self, gauge: metrics::Gauge) -> Self {
-        self.in_flight = Some(gauge);
-        self
     }
 
     /// Callers parked now. `Relaxed`: the fast path only needs a hint, since a
@@ -406,18 +393,10 @@ impl Waiters {
             // at once. Reclaimed slots were counted as held already.
             let counted = claim.weight() - claim.reclaimed_slots();
             slots.count_in(counted);
-            #[cfg(feature = "metrics")]
-            if let Some(gauge) = &self.in_flight {
-                gauge.increment(counted as f64);
-            }
             if !self.resolve(queue, &head, NodeState::Granted(claim), woken) {
                 // Cannot happen while the queue is locked; never strand the slot.
                 slots.release(&claim);
                 slots.count_out(counted);
-                #[cfg(feature = "metrics")]
-                if let Some(gauge) = &self.in_flight {
-                    gauge.decrement(counted as f64);
-                }
             }
         }
         if self.count() == 0 {
