@@ -81,64 +81,75 @@ fn memory() {
     }
 }
 
-fn shed_full(c: &mut Criterion) {
-    let mut group = c.benchmark_group("shed_full");
+/// Group `name`: at each limit, `ours` on a bulkhead with every slot held
+/// but `free`, beside `theirs` on a semaphore with as many permits left.
+fn side_by_side(
+    c: &mut Criterion,
+    name: &str,
+    free: usize,
+    ours: impl Fn(&Bulkhead),
+    theirs: impl Fn(&Semaphore),
+) {
+    let mut group = c.benchmark_group(name);
     for limit in LIMITS {
-        let (ours, _held) = full(limit);
-        group.bench_with_input(BenchmarkId::new("ours", limit), &ours, |b, ours| {
-            b.iter(|| black_box(ours.try_acquire_borrowed().is_err()))
+        let (bulkhead, mut held) = full(limit);
+        // Given back from the middle of the table, not the last claimed.
+        held.drain(limit / 2..limit / 2 + free);
+        group.bench_with_input(BenchmarkId::new("ours", limit), &bulkhead, |b, bulkhead| {
+            b.iter(|| ours(bulkhead))
         });
+        assert_eq!(bulkhead.available(), free, "the free slots stay free");
         let semaphore = Semaphore::new(limit);
-        let _taken = semaphore.try_acquire_many(limit as u32).unwrap();
+        let _taken = semaphore.try_acquire_many((limit - free) as u32).unwrap();
         group.bench_with_input(
             BenchmarkId::new("tokio_semaphore", limit),
             &semaphore,
-            |b, semaphore| b.iter(|| black_box(semaphore.try_acquire().is_err())),
+            |b, semaphore| b.iter(|| theirs(semaphore)),
         );
     }
     group.finish();
+}
+
+fn shed_full(c: &mut Criterion) {
+    side_by_side(
+        c,
+        "shed_full",
+        0,
+        |ours| {
+            black_box(ours.try_acquire_borrowed().is_err());
+        },
+        |theirs| {
+            black_box(theirs.try_acquire().is_err());
+        },
+    );
 }
 
 fn claim_drop_one_free(c: &mut Criterion) {
-    let mut group = c.benchmark_group("claim_drop_one_free");
-    for limit in LIMITS {
-        let (ours, mut held) = full(limit);
-        // Not the last claimed: a slot in the middle of the table.
-        drop(held.swap_remove(limit / 2));
-        group.bench_with_input(BenchmarkId::new("ours", limit), &ours, |b, ours| {
-            b.iter(|| black_box(ours.try_acquire_borrowed().is_ok()))
-        });
-        assert!(
-            ours.try_acquire_borrowed().is_ok(),
-            "the free slot stays free"
-        );
-        let semaphore = Semaphore::new(limit);
-        let _taken = semaphore.try_acquire_many(limit as u32 - 1).unwrap();
-        group.bench_with_input(
-            BenchmarkId::new("tokio_semaphore", limit),
-            &semaphore,
-            |b, semaphore| b.iter(|| black_box(semaphore.try_acquire().is_ok())),
-        );
-    }
-    group.finish();
+    side_by_side(
+        c,
+        "claim_drop_one_free",
+        1,
+        |ours| {
+            black_box(ours.try_acquire_borrowed().is_ok());
+        },
+        |theirs| {
+            black_box(theirs.try_acquire().is_ok());
+        },
+    );
 }
 
 fn in_flight(c: &mut Criterion) {
-    let mut group = c.benchmark_group("in_flight");
-    for limit in LIMITS {
-        let (ours, _held) = full(limit);
-        group.bench_with_input(BenchmarkId::new("ours", limit), &ours, |b, ours| {
-            b.iter(|| black_box(ours.in_flight()))
-        });
-        let semaphore = Semaphore::new(limit);
-        let _taken = semaphore.try_acquire_many(limit as u32).unwrap();
-        group.bench_with_input(
-            BenchmarkId::new("tokio_semaphore", limit),
-            &semaphore,
-            |b, semaphore| b.iter(|| black_box(semaphore.available_permits())),
-        );
-    }
-    group.finish();
+    side_by_side(
+        c,
+        "in_flight",
+        0,
+        |ours| {
+            black_box(ours.in_flight());
+        },
+        |theirs| {
+            black_box(theirs.available_permits());
+        },
+    );
 }
 
 fn benches() {

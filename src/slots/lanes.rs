@@ -327,34 +327,24 @@ mod tests {
             Arc::new(AtomicU64::new(0)),
             Arc::new(AtomicBool::new(false)),
         );
-        let counter_in = {
-            let (lanes, handed, done, stop) =
-                (lanes.clone(), handed.clone(), done.clone(), stop.clone());
+        // A thread that takes its `n`th turn once the other has taken
+        // `n + 1 - ahead` of theirs, and publishes each turn taken.
+        let turns = |theirs: &Arc<AtomicU64>, mine: &Arc<AtomicU64>, ahead, turn: fn(&Lanes)| {
+            let (lanes, theirs, mine, stop) =
+                (lanes.clone(), theirs.clone(), mine.clone(), stop.clone());
             std::thread::spawn(move || {
                 let mut n = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    if done.load(Ordering::Acquire) == n {
-                        lanes.admit(current());
+                    if theirs.load(Ordering::Acquire) + ahead > n {
+                        turn(&lanes);
                         n += 1;
-                        handed.store(n, Ordering::Release);
+                        mine.store(n, Ordering::Release);
                     }
                 }
             })
         };
-        let counter_out = {
-            let (lanes, handed, done, stop) =
-                (lanes.clone(), handed.clone(), done.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let mut n = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    if handed.load(Ordering::Acquire) > n {
-                        lanes.count_out(1);
-                        n += 1;
-                        done.store(n, Ordering::Release);
-                    }
-                }
-            })
-        };
+        let counter_in = turns(&done, &handed, 1, |lanes| lanes.admit(current()));
+        let counter_out = turns(&handed, &done, 0, |lanes| lanes.count_out(1));
         for _ in 0..200_000 {
             assert!(lanes.held() >= 1, "the call held throughout went uncounted");
         }
