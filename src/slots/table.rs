@@ -179,12 +179,7 @@ impl SlotTable {
     #[inline(always)]
     pub(crate) fn try_claim(&self, now: u64, order: Ordering) -> Option<Claim> {
         let thread = lanes::current();
-        let start = thread.start(self.len);
-        let held_until = self.held_until(now);
-        let (index, word, until) = match self.take(start, now, held_until, order) {
-            Some(taken) => taken,
-            None => self.search(now, order, start, held_until)?,
-        };
+        let (index, word, until) = self.take_free_from(thread, now, order)?;
         Some(self.claim(index, word, until, thread))
     }
 
@@ -228,13 +223,27 @@ impl SlotTable {
         .then_some((index, new, until))
     }
 
-    /// Takes the first free slot the free map leads to, from `start`.
+    /// Takes this thread's start slot if it is free, else the first free
+    /// slot the free map leads to; returns its index, the word written and
+    /// the deadline it replaced.
     #[inline(always)]
     pub(super) fn take_free(&self, now: u64, order: Ordering) -> Option<(usize, u64, u64)> {
-        let start = lanes::current().start(self.len);
+        self.take_free_from(lanes::current(), now, order)
+    }
+
+    #[inline(always)]
+    fn take_free_from(
+        &self,
+        thread: ThreadLane,
+        now: u64,
+        order: Ordering,
+    ) -> Option<(usize, u64, u64)> {
+        let start = thread.start(self.len);
         let held_until = self.held_until(now);
-        self.take(start, now, held_until, order)
-            .or_else(|| self.search(now, order, start, held_until))
+        match self.take(start, now, held_until, order) {
+            Some(taken) => Some(taken),
+            None => self.search(now, order, start, held_until),
+        }
     }
 
     #[cold]
