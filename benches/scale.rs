@@ -110,25 +110,13 @@ fn side_by_side(
     group.finish();
 }
 
-fn shed_full(c: &mut Criterion) {
+/// `try_acquire` and a drop with `free` slots free: a shed from a full
+/// table with none, a claim of the last free slot with one.
+fn try_acquire(c: &mut Criterion, name: &str, free: usize) {
     side_by_side(
         c,
-        "shed_full",
-        0,
-        |ours| {
-            black_box(ours.try_acquire_borrowed().is_err());
-        },
-        |theirs| {
-            black_box(theirs.try_acquire().is_err());
-        },
-    );
-}
-
-fn claim_drop_one_free(c: &mut Criterion) {
-    side_by_side(
-        c,
-        "claim_drop_one_free",
-        1,
+        name,
+        free,
         |ours| {
             black_box(ours.try_acquire_borrowed().is_ok());
         },
@@ -158,8 +146,8 @@ fn benches() {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(2))
         .configure_from_args();
-    shed_full(&mut criterion);
-    claim_drop_one_free(&mut criterion);
+    try_acquire(&mut criterion, "shed_full", 0);
+    try_acquire(&mut criterion, "claim_drop_one_free", 1);
     in_flight(&mut criterion);
 }
 
