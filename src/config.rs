@@ -41,6 +41,8 @@ pub struct Config {
     pub(crate) saturation_signal: Option<Thresholds>,
     pub(crate) queue_order: QueueOrder,
     pub(crate) codel: Option<CodelSettings>,
+    #[cfg(feature = "redis")]
+    pub(crate) cluster: Option<crate::redis::ClusterCeiling>,
 }
 
 impl Config {
@@ -67,6 +69,8 @@ impl Config {
             saturation_signal: None,
             queue_order: QueueOrder::Fifo,
             codel: None,
+            #[cfg(feature = "redis")]
+            cluster: None,
         }
     }
 
@@ -178,6 +182,17 @@ impl Config {
         self
     }
 
+    /// A ceiling on calls in flight across every replica, kept in Redis, on
+    /// top of this bulkhead's own `limit` (feature `redis`; see
+    /// [`redis`](crate::redis)). A call takes a local slot first, then a
+    /// lease: both or neither.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub fn cluster_ceiling(mut self, ceiling: crate::redis::ClusterCeiling) -> Self {
+        self.cluster = Some(ceiling);
+        self
+    }
+
     /// Reads deadlines from `clock` instead of the system's monotonic clock,
     /// so tests can step past `reclaim_after` without sleeping. The `wait`
     /// budget is unaffected: it is timed by Tokio, whose clock tests pause
@@ -235,6 +250,10 @@ impl Config {
                 "max_waiting",
                 "must be at least 1; to shed at once instead of waiting, leave `wait` unset".into(),
             ));
+        }
+        #[cfg(feature = "redis")]
+        if let Some(ceiling) = &self.cluster {
+            ceiling.validate(self.reclaim_after)?;
         }
         if let Some(thresholds) = self.saturation_signal {
             if !(thresholds.expired_ratio > 0.0 && thresholds.expired_ratio <= 1.0) {

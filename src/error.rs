@@ -68,11 +68,20 @@ pub enum ShedReason {
     /// The call asked for a weight of 0 slots, or more than the bulkhead
     /// has: it could never run ([`Ticket::weight`](crate::Ticket::weight)).
     InvalidWeight,
+    /// A local slot was free, but the cluster ceiling was full: every
+    /// replica together held its limit of leases (and the `wait` budget, if
+    /// any, ran out asking). The local slot was given back. Feature `redis`:
+    /// [`ClusterCeiling`](crate::redis::ClusterCeiling).
+    ClusterLimit,
+    /// The cluster ceiling's Redis could not be reached (or the call may not
+    /// wait for a round trip, as `try_acquire` may not), and
+    /// [`WhenUnreachable`](crate::redis::WhenUnreachable) says to shed.
+    ClusterUnavailable,
 }
 
 impl ShedReason {
     /// How many reasons there are, for tables indexed by reason.
-    pub(crate) const COUNT: usize = 8;
+    pub(crate) const COUNT: usize = 10;
 
     /// Every reason, in the order of [`index`](Self::index).
     #[cfg(feature = "metrics")]
@@ -85,6 +94,8 @@ impl ShedReason {
         ShedReason::Cancelled,
         ShedReason::Saturated,
         ShedReason::InvalidWeight,
+        ShedReason::ClusterLimit,
+        ShedReason::ClusterUnavailable,
     ];
 
     /// Whether the call was refused for want of a slot (rather than bytes,
@@ -109,6 +120,8 @@ impl ShedReason {
             ShedReason::Cancelled => 5,
             ShedReason::Saturated => 6,
             ShedReason::InvalidWeight => 7,
+            ShedReason::ClusterLimit => 8,
+            ShedReason::ClusterUnavailable => 9,
         }
     }
 
@@ -123,6 +136,8 @@ impl ShedReason {
             ShedReason::Cancelled => "cancelled",
             ShedReason::Saturated => "saturated",
             ShedReason::InvalidWeight => "invalid_weight",
+            ShedReason::ClusterLimit => "cluster_limit",
+            ShedReason::ClusterUnavailable => "cluster_unavailable",
         }
     }
 }
@@ -138,6 +153,8 @@ impl fmt::Display for ShedReason {
             ShedReason::Cancelled => "waiting was cancelled",
             ShedReason::Saturated => "all slots in use, and recent waits were futile",
             ShedReason::InvalidWeight => "the call's weight is 0 or more than the limit",
+            ShedReason::ClusterLimit => "the cluster-wide ceiling is full",
+            ShedReason::ClusterUnavailable => "the cluster ceiling could not be asked",
         })
     }
 }

@@ -121,6 +121,9 @@ pub mod http;
 #[cfg(all(test, tower_inflight_loom))]
 mod loom_models;
 mod observe;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
 mod slots;
 mod sync;
 mod ticket;

@@ -1,6 +1,6 @@
 //! The future of a caller that may wait for a slot.
 
-use crate::bulkhead::{Granted, Permit, Shared};
+use crate::bulkhead::{Granted, Leasing, Permit, Shared};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::sync::Arc;
 use crate::ticket::Ticket;
@@ -22,6 +22,9 @@ pin_project! {
         ticket: Ticket,
         // Bytes of the byte budget the permit takes beside its slots.
         bytes: u64,
+        // When the caller arrived, if its bulkhead has a cluster ceiling:
+        // a lease may be asked for until its `wait` budget is spent.
+        arrived: Option<tokio::time::Instant>,
         #[pin]
         state: State,
     }
@@ -32,6 +35,9 @@ pin_project! {
     enum State {
         Arriving,
         Parked { place: Place, #[pin] budget: Sleep },
+        // Holding its local slots, asking for a lease under the cluster
+        // ceiling.
+        Leasing { granted: Option<Granted>, leasing: Leasing },
         Done,
     }
 }
@@ -74,6 +80,7 @@ impl Acquire {
             shared,
             ticket,
             bytes: 0,
+            arrived: None,
             state: State::Arriving,
         }
     }
@@ -97,11 +104,23 @@ impl Acquire {
             match this.state.as_mut().project() {
                 StateProj::Arriving => {
                     let shared = &**this.shared;
+                    if shared.has_cluster() {
+                        *this.arrived = Some(tokio::time::Instant::now());
+                    }
                     let now = shared.now();
                     let reason = match shared.try_claim_weighted(this.ticket.get_weight(), now) {
                         Ok(claim) => {
-                            this.state.set(State::Done);
-                            return Poll::Ready(Ok(Granted::new(this.shared.clone(), claim)));
+                            let granted = Granted::new(this.shared.clone(), claim);
+                            match Self::lease_next(this.shared, *this.arrived, granted) {
+                                Ok(leasing) => {
+                                    this.state.set(leasing);
+                                    continue;
+                                }
+                                Err(granted) => {
+                                    this.state.set(State::Done);
+                                    return Poll::Ready(Ok(granted));
+                                }
+                            }
                         }
                         Err(reason) => reason,
                     };
@@ -139,8 +158,16 @@ impl Acquire {
                                 // after all, so waiting pays.
                                 shared.signal_wait_ended(WaitEnd::Admitted, true);
                             }
-                            this.state.set(State::Done);
-                            return Poll::Ready(Ok(granted));
+                            match Self::lease_next(this.shared, *this.arrived, granted) {
+                                Ok(leasing) => {
+                                    this.state.set(leasing);
+                                    continue;
+                                }
+                                Err(granted) => {
+                                    this.state.set(State::Done);
+                                    return Poll::Ready(Ok(granted));
+                                }
+                            }
                         }
                         refused => {
                             let reason = match refused {
@@ -200,11 +227,60 @@ impl Acquire {
                     let outcome = outcome.map(|claim| Granted::new(this.shared.clone(), claim));
                     place.record(end);
                     let outcome = outcome.map_err(|reason| place.shared.saturated(reason));
+                    if let Ok(granted) = outcome {
+                        match Self::lease_next(this.shared, *this.arrived, granted) {
+                            Ok(leasing) => {
+                                this.state.set(leasing);
+                                continue;
+                            }
+                            Err(granted) => {
+                                this.state.set(State::Done);
+                                return Poll::Ready(Ok(granted));
+                            }
+                        }
+                    }
                     this.state.set(State::Done);
                     return Poll::Ready(outcome);
                 }
+                StateProj::Leasing { granted, leasing } => {
+                    let leased = ready!(leasing.poll(cx));
+                    let granted = granted
+                        .take()
+                        .expect("a lease is asked for by a caller holding its slots");
+                    this.state.set(State::Done);
+                    return Poll::Ready(match leased {
+                        Ok(lease) => Ok(granted.with_lease(lease)),
+                        // Both or neither: the local slots go back (to the
+                        // next in line) as the grant is dropped.
+                        Err(reason) => {
+                            drop(granted);
+                            Err(this.shared.saturated(reason))
+                        }
+                    });
+                }
                 StateProj::Done => panic!("`Acquire` polled after completion"),
             }
+        }
+    }
+}
+
+impl Acquire {
+    /// After its local slots, a caller's lease under the cluster ceiling, if
+    /// there is one: the state that asks for it, or the grant back as it is.
+    fn lease_next(
+        shared: &Arc<Shared>,
+        arrived: Option<tokio::time::Instant>,
+        granted: Granted,
+    ) -> Result<State, Granted> {
+        let deadline = arrived
+            .zip(shared.config().wait)
+            .and_then(|(arrived, wait)| arrived.checked_add(wait));
+        match Leasing::start(shared, deadline) {
+            Some(leasing) => Ok(State::Leasing {
+                granted: Some(granted),
+                leasing,
+            }),
+            None => Err(granted),
         }
     }
 }
@@ -239,6 +315,7 @@ impl fmt::Debug for Acquire {
         let state = match self.state {
             State::Arriving => "arriving",
             State::Parked { .. } => "parked",
+            State::Leasing { .. } => "leasing",
             State::Done => "done",
         };
         f.debug_struct("Acquire").field("state", &state).finish()

@@ -205,6 +205,10 @@ impl Bulkhead {
     #[inline(always)]
     pub fn try_acquire_weighted(&self, weight: usize) -> Result<Permit, ServiceSaturated> {
         let now = self.shared.now();
+        #[cfg(feature = "redis")]
+        if let Err(reason) = self.shared.without_round_trip() {
+            return Err(self.shared.saturated_at(reason, now));
+        }
         match self.shared.try_claim_weighted(weight, now) {
             Ok(claim) => Ok(Permit::new(self.shared.clone(), claim)),
             Err(reason) => Err(self.shared.saturated_at(reason, now)),
@@ -370,6 +374,8 @@ impl Bulkhead {
                 .is_some_and(|codel| codel.is_cutting(shared.waiters.parked())),
             bytes_reserved: self.bytes_reserved(),
             max_bytes: self.max_bytes(),
+            #[cfg(feature = "redis")]
+            cluster: shared.cluster().map(|cluster| cluster.status()),
             totals,
             last_minute,
             last_5_minutes,

@@ -10,6 +10,7 @@ mod acquire;
 mod clock;
 mod drain;
 mod handle;
+mod leasing;
 mod permit;
 mod shared;
 
@@ -19,5 +20,6 @@ pub use handle::{Bulkhead, DrainTimedOut};
 pub use permit::{BorrowedPermit, ByteReservation, Permit};
 
 pub(crate) use clock::{max_reclaim_after, Clock};
+pub(crate) use leasing::{HeldLease, Leasing};
 pub(crate) use permit::Granted;
 pub(crate) use shared::Shared;

@@ -1,7 +1,7 @@
 //! The permit: one held slot (and, where taken, a share of the byte budget),
 //! given back when dropped.
 
-use crate::bulkhead::Shared;
+use crate::bulkhead::{HeldLease, Shared};
 use crate::error::ServiceSaturated;
 use crate::slots::{Claim, Share};
 use crate::sync::Arc;
@@ -21,6 +21,8 @@ pub struct Permit {
     shared: Arc<Shared>,
     claim: Claim,
     share: Share,
+    // Dropped after the local slot is let go (fields drop after `drop`).
+    lease: HeldLease,
 }
 
 /// One slot of a [`Bulkhead`](crate::Bulkhead), borrowed from it for a
@@ -95,6 +97,7 @@ impl Permit {
             shared,
             claim,
             share,
+            lease: HeldLease::default(),
         }
     }
 
@@ -167,6 +170,8 @@ impl Permit {
 pub(crate) struct Granted {
     shared: Arc<Shared>,
     claim: Option<Claim>,
+    /// Its lease under the cluster ceiling, once it has one.
+    lease: HeldLease,
 }
 
 impl Granted {
@@ -183,7 +188,14 @@ impl Granted {
         Self {
             shared,
             claim: Some(claim),
+            lease: HeldLease::default(),
         }
+    }
+
+    /// The grant, holding `lease` beside its slots.
+    pub(crate) fn with_lease(mut self, lease: HeldLease) -> Self {
+        self.lease = lease;
+        self
     }
 
     /// The permit, with `bytes` of the budget beside its slots, or the
@@ -199,16 +211,22 @@ impl Granted {
         };
         let shared = &self.shared;
         let now = shared.now();
-        if shared.slots().holds(&claim, now) {
-            return Shared::permit(shared, claim, bytes);
-        }
-        // Its deadline passed before it was used, and its slots may have
-        // been reclaimed: given back, and the call claims its weight afresh.
-        shared.give_back_unused(&claim);
-        let claim = shared
-            .try_claim_weighted(claim.weight(), now)
-            .map_err(|reason| shared.saturated_at(reason, now))?;
-        Shared::permit(shared, claim, bytes)
+        let permit = if shared.slots().holds(&claim, now) {
+            Shared::permit(shared, claim, bytes)
+        } else {
+            // Its deadline passed before it was used, and its slots may have
+            // been reclaimed: given back, and the call claims its weight
+            // afresh (keeping its lease, if it has one).
+            shared.give_back_unused(&claim);
+            let claim = shared
+                .try_claim_weighted(claim.weight(), now)
+                .map_err(|reason| shared.saturated_at(reason, now))?;
+            Shared::permit(shared, claim, bytes)
+        };
+        permit.map(|mut permit| {
+            permit.lease = std::mem::take(&mut self.lease);
+            permit
+        })
     }
 }
 

@@ -25,6 +25,9 @@ pub(crate) struct Shared {
     pub(super) saturation: Option<SaturationSignal>,
     pub(super) codel: Option<Codel>,
     pub(super) drain: DrainSignal,
+    /// The cluster ceiling's leases, if the configuration has one.
+    #[cfg(feature = "redis")]
+    cluster: Option<Arc<crate::redis::Cluster>>,
     pub(super) config: Config,
 }
 
@@ -62,6 +65,11 @@ impl Shared {
             saturation: config.saturation_signal.map(SaturationSignal::new),
             codel: config.codel.map(Codel::new),
             drain: DrainSignal::default(),
+            #[cfg(feature = "redis")]
+            cluster: config
+                .cluster
+                .clone()
+                .map(|ceiling| Arc::new(crate::redis::Cluster::new(ceiling, config.reclaim_after))),
             config,
         })
     }
@@ -73,8 +81,41 @@ impl Shared {
     #[inline(always)]
     pub(crate) fn claim_or_shed(&self) -> Result<Claim, ServiceSaturated> {
         let now = self.clock.now();
+        #[cfg(feature = "redis")]
+        if let Err(reason) = self.without_round_trip() {
+            return Err(self.saturated_at(reason, now));
+        }
         self.try_claim_at(now)
             .map_err(|reason| self.saturated_at(reason, now))
+    }
+
+    /// Whether a call that may not wait for a round trip to the cluster
+    /// ceiling's Redis may take a local slot: it is answered as if Redis
+    /// were away, except that a place under a fallback limit needs a permit
+    /// that can give it back, so only `FailOpen` admits it.
+    #[cfg(feature = "redis")]
+    #[inline(always)]
+    pub(crate) fn without_round_trip(&self) -> Result<(), ShedReason> {
+        match &self.cluster {
+            None => Ok(()),
+            Some(cluster) => cluster.without_round_trip(),
+        }
+    }
+
+    /// The cluster ceiling, if the configuration has one.
+    #[cfg(feature = "redis")]
+    pub(crate) fn cluster(&self) -> Option<&Arc<crate::redis::Cluster>> {
+        self.cluster.as_ref()
+    }
+
+    /// Whether admission has a step after the local slots (a lease), so
+    /// that it must go through [`Acquire`](crate::Acquire).
+    #[inline(always)]
+    pub(crate) fn has_cluster(&self) -> bool {
+        #[cfg(feature = "redis")]
+        return self.cluster.is_some();
+        #[cfg(not(feature = "redis"))]
+        false
     }
 
     /// The fast path: one load to see that nobody is parked (and that the
@@ -424,6 +465,12 @@ impl Shared {
     /// Whether a caller arriving now would be admitted without waiting.
     pub(crate) fn has_room(&self) -> bool {
         self.waiters.parked() == 0 && self.slots.any_free(self.clock.now())
+    }
+
+    /// Whether `call` can take a slot itself, with no wait and no round
+    /// trip: there is room, and no cluster ceiling to ask.
+    pub(crate) fn has_room_for_call(&self) -> bool {
+        !self.has_cluster() && self.has_room()
     }
 
     /// The error for a call shed now (and the record of it).

@@ -230,6 +230,8 @@ impl Observer {
             rejected_cancelled: rejected(ShedReason::Cancelled),
             rejected_saturated: rejected(ShedReason::Saturated),
             rejected_invalid_weight: rejected(ShedReason::InvalidWeight),
+            rejected_cluster_limit: rejected(ShedReason::ClusterLimit),
+            rejected_cluster_unavailable: rejected(ShedReason::ClusterUnavailable),
             reclaimed: self.reclaimed.load(Ordering::Relaxed),
             waits: self.waits.load(Ordering::Relaxed),
             wait_time: Duration::from_nanos(self.wait_nanos.load(Ordering::Relaxed)),

@@ -42,6 +42,10 @@ pub struct Status {
     pub bytes_reserved: u64,
     /// The byte budget, if there is one.
     pub max_bytes: Option<u64>,
+    /// The cluster ceiling, as this replica has seen it, if the bulkhead
+    /// has one (feature `redis`).
+    #[cfg(feature = "redis")]
+    pub cluster: Option<crate::redis::ClusterStatus>,
     /// Counts since the bulkhead was built.
     pub totals: Totals,
     /// The last minute.
@@ -81,6 +85,10 @@ pub struct Totals {
     pub rejected_saturated: u64,
     /// Calls refused because their weight was 0 or over the limit.
     pub rejected_invalid_weight: u64,
+    /// Calls whose local slot was free but the cluster ceiling was full.
+    pub rejected_cluster_limit: u64,
+    /// Calls shed because the cluster ceiling could not be asked.
+    pub rejected_cluster_unavailable: u64,
     /// Slots taken over after their holder kept them past `reclaim_after`.
     pub reclaimed: u64,
     /// Callers that waited for a slot (admitted or not).
@@ -104,6 +112,8 @@ impl Totals {
             rejected_cancelled,
             rejected_saturated,
             rejected_invalid_weight,
+            rejected_cluster_limit,
+            rejected_cluster_unavailable,
             reclaimed: _,
             waits: _,
             wait_time: _,
@@ -116,6 +126,8 @@ impl Totals {
             + rejected_cancelled
             + rejected_saturated
             + rejected_invalid_weight
+            + rejected_cluster_limit
+            + rejected_cluster_unavailable
     }
 
     /// What was added since `earlier`. Saturating: `earlier` may have been
@@ -142,6 +154,12 @@ impl Totals {
             rejected_invalid_weight: self
                 .rejected_invalid_weight
                 .saturating_sub(earlier.rejected_invalid_weight),
+            rejected_cluster_limit: self
+                .rejected_cluster_limit
+                .saturating_sub(earlier.rejected_cluster_limit),
+            rejected_cluster_unavailable: self
+                .rejected_cluster_unavailable
+                .saturating_sub(earlier.rejected_cluster_unavailable),
             reclaimed: self.reclaimed.saturating_sub(earlier.reclaimed),
             waits: self.waits.saturating_sub(earlier.waits),
             wait_time: self.wait_time.saturating_sub(earlier.wait_time),

@@ -30,6 +30,10 @@ pub(crate) enum TicketAdmission {
 #[inline(always)]
 pub(crate) fn admit(bulkhead: &Bulkhead, ticket: Ticket) -> TicketAdmission {
     let shared = bulkhead.shared();
+    if shared.has_cluster() {
+        // A lease is a round trip: taken in the response future.
+        return TicketAdmission::Wait(bulkhead.acquire_with(ticket));
+    }
     let now = shared.now();
     match shared.try_claim_weighted(ticket.get_weight(), now) {
         Ok(claim) => TicketAdmission::Admitted(claim),

@@ -30,7 +30,8 @@ impl Readiness {
     #[inline]
     pub(crate) fn poll_ready(&mut self, bulkhead: &Bulkhead, cx: &mut Context<'_>) -> Poll<()> {
         if let Readiness::Idle = self {
-            if bulkhead.shared().config().wait.is_none() {
+            let shared = bulkhead.shared();
+            if shared.config().wait.is_none() && !shared.has_cluster() {
                 return Poll::Ready(());
             }
         }
@@ -40,9 +41,12 @@ impl Readiness {
     fn poll_ready_slow(&mut self, bulkhead: &Bulkhead, cx: &mut Context<'_>) -> Poll<()> {
         loop {
             match self {
-                // Only with a `wait` budget: `poll_ready` answers without one.
+                // Only with a `wait` budget or a cluster ceiling: `poll_ready`
+                // answers without them. A lease is a round trip, so with a
+                // ceiling the slot and the lease are taken here, and held
+                // until `call`.
                 Readiness::Idle => {
-                    if bulkhead.shared().has_room() {
+                    if bulkhead.shared().has_room_for_call() {
                         return Poll::Ready(());
                     }
                     *self = Readiness::Waiting(Box::pin(bulkhead.acquire()));
@@ -57,7 +61,7 @@ impl Readiness {
                 // Polled again after the budget ran out: if a slot has come
                 // free since, let `call` take it rather than shed beside it.
                 // The spent budget is not started again.
-                Readiness::Shed(_) if bulkhead.shared().has_room() => {
+                Readiness::Shed(_) if bulkhead.shared().has_room_for_call() => {
                     *self = Readiness::Idle;
                     return Poll::Ready(());
                 }

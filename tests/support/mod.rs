@@ -99,3 +99,6 @@ pub(crate) fn spawn_acquire(
     let bulkhead = bulkhead.clone();
     tokio::spawn(async move { bulkhead.acquire_with(ticket).await.map(drop) })
 }
+
+#[cfg(feature = "redis")]
+pub(crate) mod redis_server;

@@ -1,0 +1,197 @@
+//! The cluster ceiling's settings, given to a [`Config`](crate::Config).
+
+use crate::config::ConfigError;
+use std::{fmt, sync::Arc, time::Duration};
+
+/// A ceiling on calls in flight across every replica that shares it: leases
+/// in one Redis sorted set, on top of each replica's own limit.
+///
+/// Give it to [`Config::cluster_ceiling`](crate::Config::cluster_ceiling).
+/// Every bulkhead built with the same `name` on the same Redis shares one
+/// ceiling of `limit` calls, whichever process it lives in.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_inflight::redis::{ClusterCeiling, WhenUnreachable};
+/// use tower_inflight::Config;
+///
+/// let client = redis::Client::open("redis://127.0.0.1:6379/").unwrap();
+/// let config = Config::new(8, Duration::from_secs(30)).cluster_ceiling(
+///     ClusterCeiling::new(client, "payments", 20)
+///         .when_unreachable(WhenUnreachable::LocalLimit(4)),
+/// );
+/// # let _ = tower_inflight::Bulkhead::new(config);
+/// ```
+#[derive(Clone)]
+pub struct ClusterCeiling {
+    pub(crate) client: ::redis::Client,
+    pub(crate) name: Arc<str>,
+    pub(crate) limit: usize,
+    pub(crate) lease: Option<Duration>,
+    pub(crate) renew: bool,
+    pub(crate) timeout: Duration,
+    pub(crate) backoff: Duration,
+    pub(crate) when_unreachable: WhenUnreachable,
+}
+
+/// What a bulkhead does while its cluster ceiling's Redis cannot be reached
+/// (a command failed or took longer than
+/// [`timeout`](ClusterCeiling::timeout)), and for the calls that may not
+/// wait for a round trip at all.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WhenUnreachable {
+    /// Admit under the local limit alone (the default): Redis failing never
+    /// fails a call, and each replica still holds its own limit.
+    #[default]
+    FailOpen,
+    /// Shed every call with
+    /// [`ShedReason::ClusterUnavailable`](crate::ShedReason::ClusterUnavailable).
+    FailClosed,
+    /// Admit under a smaller local limit: at most this many calls of this
+    /// bulkhead hold no lease at once (a share of the ceiling, such as the
+    /// ceiling divided by the number of replicas); past it, shed with
+    /// [`ShedReason::ClusterUnavailable`](crate::ShedReason::ClusterUnavailable).
+    LocalLimit(usize),
+}
+
+/// The longest lease a ceiling takes: a year, in milliseconds of the Redis
+/// server's clock.
+const MAX_LEASE: Duration = Duration::from_secs(365 * 86_400);
+/// The longest a command may take before Redis counts as unreachable.
+const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+/// The longest Redis is skipped after a failure.
+const MAX_BACKOFF: Duration = Duration::from_secs(3_600);
+
+impl ClusterCeiling {
+    /// A ceiling of `limit` calls for every bulkhead named `name` on the
+    /// Redis that `client` reaches. The connection is made on the first call
+    /// that needs it, and remade in the background when it drops.
+    ///
+    /// The leases live under the key `tower-inflight:{name}:leases`; the
+    /// braces make it a hash tag, so it works on Redis Cluster.
+    pub fn new(client: ::redis::Client, name: impl Into<Arc<str>>, limit: usize) -> Self {
+        Self {
+            client,
+            name: name.into(),
+            limit,
+            lease: None,
+            renew: false,
+            timeout: Duration::from_millis(100),
+            backoff: Duration::from_secs(1),
+            when_unreachable: WhenUnreachable::FailOpen,
+        }
+    }
+
+    /// How long a lease lasts if its holder never releases it (a replica
+    /// killed, a network split): the slot comes back to the fleet after this
+    /// long. Defaults to the bulkhead's `reclaim_after`.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Renews each lease while its permit lives, every third of a lease, up
+    /// to the bulkhead's `reclaim_after`: with a short
+    /// [`lease`](Self::lease), a killed replica's slots come back quickly
+    /// while long calls keep theirs. Off by default.
+    pub fn renew(mut self, renew: bool) -> Self {
+        self.renew = renew;
+        self
+    }
+
+    /// How long a command to Redis may take before Redis counts as
+    /// unreachable for this call (100 ms by default). A lease that may have
+    /// been granted after the timeout is released.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// After a failure, how long calls skip Redis and follow
+    /// [`when_unreachable`](Self::when_unreachable) instead of each paying
+    /// the timeout (1 s by default). Then one call asks Redis again; the
+    /// others keep skipping until it has an answer.
+    pub fn backoff(mut self, backoff: Duration) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// What to do while Redis cannot be reached; see [`WhenUnreachable`].
+    pub fn when_unreachable(mut self, when: WhenUnreachable) -> Self {
+        self.when_unreachable = when;
+        self
+    }
+
+    /// The sorted set holding this ceiling's leases.
+    pub fn key(&self) -> String {
+        format!("tower-inflight:{{{}}}:leases", self.name)
+    }
+
+    /// The lease, once the bulkhead's `reclaim_after` is known.
+    pub(crate) fn lease_or(&self, reclaim_after: Duration) -> Duration {
+        self.lease.unwrap_or(reclaim_after)
+    }
+
+    pub(crate) fn validate(&self, reclaim_after: Duration) -> Result<(), ConfigError> {
+        if self.name.is_empty() || self.name.contains(['{', '}']) {
+            return Err(ConfigError::new(
+                "cluster_ceiling.name",
+                format!(
+                    "{:?} must be non-empty and free of braces: it becomes the key's hash tag",
+                    self.name
+                ),
+            ));
+        }
+        if self.limit == 0 {
+            return Err(ConfigError::new(
+                "cluster_ceiling.limit",
+                "must be at least 1: a ceiling of 0 would shed every call".into(),
+            ));
+        }
+        let lease = self.lease_or(reclaim_after);
+        if lease < Duration::from_millis(1) || lease > MAX_LEASE {
+            return Err(ConfigError::new(
+                "cluster_ceiling.lease",
+                format!("{lease:?} must be from 1 ms to {MAX_LEASE:?} (a year)"),
+            ));
+        }
+        if self.timeout.is_zero() || self.timeout > MAX_TIMEOUT || self.timeout >= lease {
+            return Err(ConfigError::new(
+                "cluster_ceiling.timeout",
+                format!(
+                    "{:?} must be longer than zero, at most {MAX_TIMEOUT:?} and shorter than the lease ({lease:?})",
+                    self.timeout
+                ),
+            ));
+        }
+        if self.backoff > MAX_BACKOFF {
+            return Err(ConfigError::new(
+                "cluster_ceiling.backoff",
+                format!("{:?} is over the maximum of {MAX_BACKOFF:?}", self.backoff),
+            ));
+        }
+        if self.when_unreachable == WhenUnreachable::LocalLimit(0) {
+            return Err(ConfigError::new(
+                "cluster_ceiling.when_unreachable",
+                "LocalLimit(0) would shed every call: use FailClosed".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for ClusterCeiling {
+    /// Without the client: its connection details may hold a password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusterCeiling")
+            .field("name", &self.name)
+            .field("limit", &self.limit)
+            .field("lease", &self.lease)
+            .field("renew", &self.renew)
+            .field("timeout", &self.timeout)
+            .field("backoff", &self.backoff)
+            .field("when_unreachable", &self.when_unreachable)
+            .finish_non_exhaustive()
+    }
+}

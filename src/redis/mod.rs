@@ -1,0 +1,63 @@
+//! One ceiling for the whole fleet: a cap on calls in flight across every
+//! replica, kept in Redis (feature `redis`).
+//!
+//! A bulkhead caps its own process. Four replicas with a `limit` of 25 let
+//! 100 calls at the dependency, and an autoscaler that adds replicas in an
+//! incident adds load to the dependency that is struggling. A
+//! [`ClusterCeiling`] given to [`Config::cluster_ceiling`](crate::Config::cluster_ceiling)
+//! caps them together.
+//!
+//! # How a call is admitted
+//!
+//! 1. The local bulkhead first: a full process sheds (or waits) as ever,
+//!    without a round trip.
+//! 2. Then a lease: one script on Redis drops the leases that have run out,
+//!    and adds this call's if fewer than the ceiling are held. A refused
+//!    lease gives the local slot back (both or neither), and the call is
+//!    shed with [`ShedReason::ClusterLimit`](crate::ShedReason::ClusterLimit),
+//!    or, with a `wait` budget, asks again within it, holding its local slot
+//!    meanwhile (so a replica never has more callers asking Redis than its
+//!    own limit).
+//! 3. The permit holds both. Dropping it frees the local slot at once and
+//!    removes the lease in the background.
+//!
+//! Leases live in one sorted set per ceiling name: member a random token per
+//! permit, score the lease's deadline on the Redis server's clock (so client
+//! clocks never matter). A lease whose holder never releases it (a replica
+//! killed, a network split) runs out after [`ClusterCeiling::lease`] and is
+//! reclaimed by the next caller that asks. A release removes only its own
+//! token: a late one never frees anyone else's lease.
+//!
+//! # When Redis is slow or away
+//!
+//! Each command has a [`timeout`](ClusterCeiling::timeout). A call whose
+//! command fails or times out follows [`WhenUnreachable`]: admit under the
+//! local limit alone (the default), shed with
+//! [`ShedReason::ClusterUnavailable`](crate::ShedReason::ClusterUnavailable), or admit
+//! under a smaller local limit. Then, for [`backoff`](ClusterCeiling::backoff),
+//! calls skip Redis and do the same without paying the timeout; after it, one
+//! call asks again. A permit always releases to where it was granted.
+//!
+//! The calls that may never wait for a round trip
+//! ([`Bulkhead::try_acquire`](crate::Bulkhead::try_acquire) and its kin)
+//! cannot ask Redis, so they are answered as if it were away.
+//!
+//! # What the ceiling does not promise
+//!
+//! It is a ceiling, not a lock:
+//! - A Redis failover with asynchronous replication can lose recent leases,
+//!   and a deleted key loses them all: until they would have ended, the
+//!   fleet can admit more than the ceiling, never more than the sum of the
+//!   replicas' local limits.
+//! - A holder that pauses (a long GC, a stopped VM) past its lease loses it
+//!   to the next caller, and is not fenced: when it resumes, both run.
+//! - While Redis is unreachable, the ceiling is what [`WhenUnreachable`] says.
+
+mod ceiling;
+mod cluster;
+mod script;
+mod status;
+
+pub use ceiling::{ClusterCeiling, WhenUnreachable};
+pub(crate) use cluster::{Cluster, Lease, Leased};
+pub use status::ClusterStatus;

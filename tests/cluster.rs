@@ -1,0 +1,477 @@
+//! The cluster ceiling against a real `redis-server`, one per test, started
+//! on a free loopback port (see `support/redis_server.rs`). By hand:
+//!
+//! ```text
+//! apt-get install redis-server   # or REDIS_SERVER=/path/to/redis-server
+//! cargo test --features redis --test cluster
+//! ```
+
+mod support;
+
+use redis::AsyncCommands;
+use std::time::{Duration, Instant};
+use support::redis_server::RedisServer;
+use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower_inflight::redis::{ClusterCeiling, WhenUnreachable};
+use tower_inflight::{BoxError, Bulkhead, ConcurrencyLayer, Config, ServiceSaturated, ShedReason};
+
+const LONG: Duration = Duration::from_secs(30);
+
+fn bulkhead(server: &RedisServer, name: &str, local: usize, ceiling: usize) -> Bulkhead {
+    Bulkhead::new(
+        Config::new(local, LONG).cluster_ceiling(ClusterCeiling::new(
+            server.client(),
+            name,
+            ceiling,
+        )),
+    )
+}
+
+async fn leases(server: &RedisServer, name: &str) -> usize {
+    let mut connection = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let key = ClusterCeiling::new(server.client(), name, 1).key();
+    connection.zcard(key).await.unwrap()
+}
+
+/// Waits (up to 10 s) until `name`'s set holds `count` leases: releases
+/// reach Redis in the background.
+async fn until_leases(server: &RedisServer, name: &str, count: usize) {
+    let started = Instant::now();
+    while leases(server, name).await != count {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never {count} leases"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn reason(shed: Result<impl Sized, ServiceSaturated>) -> ShedReason {
+    match shed {
+        Ok(_) => panic!("admitted"),
+        Err(shed) => shed.reason(),
+    }
+}
+
+#[tokio::test]
+async fn replicas_share_one_ceiling_and_a_refused_lease_gives_the_local_slot_back() {
+    let server = RedisServer::start();
+    let (a, b) = (bulkhead(&server, "db", 4, 5), bulkhead(&server, "db", 4, 5));
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(a.acquire().await.unwrap());
+    }
+    held.push(b.acquire().await.unwrap());
+    assert_eq!(leases(&server, "db").await, 5);
+
+    // B has three local slots free, but the fleet holds five.
+    assert_eq!(reason(b.acquire().await), ShedReason::ClusterLimit);
+    assert_eq!(
+        b.in_flight(),
+        1,
+        "the refused call's local slot was given back"
+    );
+    let status = b.status();
+    assert_eq!(status.totals.rejected_cluster_limit, 1);
+    let cluster = status.cluster.unwrap();
+    assert_eq!((cluster.limit, cluster.leases_held), (5, 5));
+    assert_eq!((cluster.leases_granted, cluster.leases_refused), (1, 1));
+
+    // One of A's calls ends: its lease goes, and B may take it.
+    drop(held.remove(0));
+    until_leases(&server, "db", 4).await;
+    held.push(b.acquire().await.unwrap());
+    assert_eq!(b.in_flight(), 2);
+
+    drop(held);
+    until_leases(&server, "db", 0).await;
+    assert_eq!((a.in_flight(), b.in_flight()), (0, 0));
+    let a = a.status().cluster.unwrap();
+    assert_eq!(
+        (a.leases_released, a.releases_late, a.releases_lost),
+        (4, 0, 0)
+    );
+}
+
+#[tokio::test]
+async fn a_full_process_sheds_without_asking_redis() {
+    let mut server = RedisServer::start();
+    let bulkhead = Bulkhead::new(
+        Config::new(1, LONG).cluster_ceiling(
+            ClusterCeiling::new(server.client(), "local", 10)
+                .when_unreachable(WhenUnreachable::FailClosed),
+        ),
+    );
+    let held = bulkhead.acquire().await.unwrap();
+    server.stop();
+    // With Redis gone and `FailClosed`, asking would shed the call as
+    // unavailable: the local limit answers first.
+    for _ in 0..100 {
+        assert_eq!(reason(bulkhead.acquire().await), ShedReason::LimitReached);
+    }
+    let cluster = bulkhead.status().cluster.unwrap();
+    assert_eq!((cluster.errors, cluster.leases_granted), (0, 1));
+    drop(held);
+}
+
+#[tokio::test]
+async fn a_wait_budget_asks_again_until_a_lease_comes_free() {
+    let server = RedisServer::start();
+    let holder = bulkhead(&server, "wait", 1, 1);
+    let waiter = Bulkhead::new(
+        Config::new(1, LONG)
+            .wait(Duration::from_secs(5))
+            .cluster_ceiling(ClusterCeiling::new(server.client(), "wait", 1)),
+    );
+    let held = holder.acquire().await.unwrap();
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone();
+        async move { waiter.acquire().await.map(|_| ()) }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Waiting for the ceiling, it holds its local slot.
+    assert_eq!(waiter.in_flight(), 1);
+    drop(held);
+    waiting.await.unwrap().unwrap();
+    assert!(waiter.status().cluster.unwrap().leases_refused >= 1);
+
+    // No lease comes free: shed once the budget is spent, for the ceiling.
+    let held = holder.acquire().await.unwrap();
+    let short = Bulkhead::new(
+        Config::new(1, LONG)
+            .wait(Duration::from_millis(50))
+            .cluster_ceiling(ClusterCeiling::new(server.client(), "wait", 1)),
+    );
+    assert_eq!(reason(short.acquire().await), ShedReason::ClusterLimit);
+    assert_eq!(short.in_flight(), 0);
+    drop(held);
+}
+
+#[tokio::test]
+async fn a_lease_never_released_runs_out_and_is_reclaimed() {
+    let server = RedisServer::start();
+    let ceiling = |client| ClusterCeiling::new(client, "leak", 1).lease(Duration::from_millis(300));
+    let leaky = Bulkhead::new(Config::new(1, LONG).cluster_ceiling(ceiling(server.client())));
+    let other = Bulkhead::new(Config::new(1, LONG).cluster_ceiling(ceiling(server.client())));
+    let started = Instant::now();
+    std::mem::forget(leaky.acquire().await.unwrap());
+    assert_eq!(reason(other.acquire().await), ShedReason::ClusterLimit);
+    let admitted = loop {
+        match other.acquire().await {
+            Ok(permit) => break permit,
+            Err(shed) => assert_eq!(shed.reason(), ShedReason::ClusterLimit),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "not before the lease ran out"
+    );
+    assert_eq!(other.status().cluster.unwrap().leases_reclaimed, 1);
+    drop(admitted);
+}
+
+#[tokio::test]
+async fn renewal_keeps_a_long_call_s_lease_until_its_permit_goes() {
+    let server = RedisServer::start();
+    let ceiling = |client| {
+        ClusterCeiling::new(client, "renew", 1)
+            .lease(Duration::from_millis(200))
+            .renew(true)
+    };
+    let long = Bulkhead::new(Config::new(1, LONG).cluster_ceiling(ceiling(server.client())));
+    let other = Bulkhead::new(Config::new(1, LONG).cluster_ceiling(ceiling(server.client())));
+    let held = long.acquire().await.unwrap();
+    // Five leases long: renewed all along.
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(reason(other.acquire().await), ShedReason::ClusterLimit);
+    }
+    drop(held);
+    until_leases(&server, "renew", 0).await;
+    assert!(other.acquire().await.is_ok());
+    assert_eq!(other.status().cluster.unwrap().leases_reclaimed, 0);
+}
+
+#[tokio::test]
+async fn a_renewed_lease_whose_permit_leaked_runs_out_after_reclaim_after() {
+    let server = RedisServer::start();
+    let ceiling = |client| {
+        ClusterCeiling::new(client, "renew-leak", 1)
+            .lease(Duration::from_millis(150))
+            .timeout(Duration::from_millis(50))
+            .renew(true)
+    };
+    let reclaim_after = Duration::from_millis(400);
+    let leaky =
+        Bulkhead::new(Config::new(1, reclaim_after).cluster_ceiling(ceiling(server.client())));
+    let other = Bulkhead::new(Config::new(1, LONG).cluster_ceiling(ceiling(server.client())));
+    let started = Instant::now();
+    std::mem::forget(leaky.acquire().await.unwrap());
+    let admitted = loop {
+        if let Ok(permit) = other.acquire().await {
+            break permit;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "renewed for ever"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(
+        started.elapsed() >= reclaim_after,
+        "renewed until reclaim_after"
+    );
+    drop(admitted);
+}
+
+/// Each policy for an unreachable Redis, with Redis stopped mid-run and
+/// started again.
+#[tokio::test]
+async fn redis_stopped_and_restarted_under_each_policy() {
+    for policy in [
+        WhenUnreachable::FailOpen,
+        WhenUnreachable::FailClosed,
+        WhenUnreachable::LocalLimit(2),
+    ] {
+        let mut server = RedisServer::start();
+        let backoff = Duration::from_millis(300);
+        let bulkhead = Bulkhead::new(
+            Config::new(8, LONG).cluster_ceiling(
+                ClusterCeiling::new(server.client(), "down", 3)
+                    .timeout(Duration::from_millis(100))
+                    .backoff(backoff)
+                    .when_unreachable(policy),
+            ),
+        );
+        let leased = bulkhead.acquire().await.unwrap();
+        server.stop();
+
+        // The first call pays the failure; the others, within the
+        // backoff, skip Redis: one error in all.
+        let mut held = Vec::new();
+        let mut shed = Vec::new();
+        for _ in 0..3 {
+            match bulkhead.acquire().await {
+                Ok(permit) => held.push(permit),
+                Err(refused) => shed.push(refused.reason()),
+            }
+        }
+        let cluster = bulkhead.status().cluster.unwrap();
+        assert!(!cluster.reachable, "{policy:?}");
+        assert_eq!(cluster.errors, 1, "{policy:?}: skipped during the backoff");
+        match policy {
+            WhenUnreachable::FailOpen => {
+                assert_eq!((held.len(), shed.len()), (3, 0));
+                assert_eq!(cluster.admitted_without_lease, 3);
+            }
+            WhenUnreachable::FailClosed => {
+                assert_eq!(shed, [ShedReason::ClusterUnavailable; 3]);
+            }
+            _ => {
+                assert_eq!(shed, [ShedReason::ClusterUnavailable], "{policy:?}");
+                assert_eq!(cluster.fallback_held, 2);
+            }
+        }
+        assert_eq!(
+            bulkhead.in_flight(),
+            1 + held.len(),
+            "{policy:?}: no local slot leaked"
+        );
+
+        // Back: within the backoff (and the reconnection), calls get
+        // leases again.
+        server.restart();
+        let started = Instant::now();
+        let lease = loop {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let granted = bulkhead.status().cluster.unwrap().leases_granted;
+            if let Ok(permit) = bulkhead.acquire().await {
+                if bulkhead.status().cluster.unwrap().leases_granted > granted {
+                    break permit;
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{policy:?}: never recovered"
+            );
+        };
+        assert!(bulkhead.status().cluster.unwrap().reachable);
+        assert_eq!(leases(&server, "down").await, 1, "{policy:?}");
+
+        drop((leased, lease, held));
+        assert_eq!(bulkhead.in_flight(), 0, "{policy:?}");
+        assert_eq!(
+            bulkhead.status().cluster.unwrap().fallback_held,
+            0,
+            "{policy:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_deleted_set_over_admits_no_more_than_the_local_limits() {
+    let server = RedisServer::start();
+    let (a, b) = (
+        bulkhead(&server, "deleted", 3, 4),
+        bulkhead(&server, "deleted", 3, 4),
+    );
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(a.acquire().await.unwrap());
+    }
+    held.push(b.acquire().await.unwrap());
+    assert_eq!(reason(b.acquire().await), ShedReason::ClusterLimit);
+
+    let mut connection = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let key = ClusterCeiling::new(server.client(), "deleted", 4).key();
+    let _: () = connection.del(&key).await.unwrap();
+
+    // The leases are lost: B admits up to its own limit, A stays full.
+    held.push(b.acquire().await.unwrap());
+    held.push(b.acquire().await.unwrap());
+    assert_eq!(reason(b.acquire().await), ShedReason::LimitReached);
+    assert_eq!(reason(a.acquire().await), ShedReason::LimitReached);
+    assert_eq!(
+        a.in_flight() + b.in_flight(),
+        6,
+        "over the ceiling, within 3 + 3"
+    );
+
+    // The releases of the lost leases remove nobody else's.
+    drop(held);
+    until_leases(&server, "deleted", 0).await;
+    let (a, b) = (a.status().cluster.unwrap(), b.status().cluster.unwrap());
+    assert_eq!(a.releases_late + b.releases_late, 4);
+    assert_eq!(a.leases_released + b.leases_released, 2);
+}
+
+#[tokio::test]
+async fn calls_that_may_not_wait_follow_the_policy_for_an_unreachable_redis() {
+    let server = RedisServer::start();
+    let open = bulkhead(&server, "sync", 2, 1);
+    assert!(
+        open.try_acquire().is_ok(),
+        "FailOpen: the local limit alone"
+    );
+    let closed = Bulkhead::new(
+        Config::new(2, LONG).cluster_ceiling(
+            ClusterCeiling::new(server.client(), "sync", 1)
+                .when_unreachable(WhenUnreachable::LocalLimit(1)),
+        ),
+    );
+    assert_eq!(reason(closed.try_acquire()), ShedReason::ClusterUnavailable);
+    assert_eq!(
+        reason(closed.try_acquire_weighted(1)),
+        ShedReason::ClusterUnavailable
+    );
+    assert_eq!(closed.in_flight(), 0);
+    assert_eq!(leases(&server, "sync").await, 0, "no lease taken");
+}
+
+#[tokio::test]
+async fn the_layer_takes_a_lease_per_call() {
+    let server = RedisServer::start();
+    let layer = ConcurrencyLayer::new(Config::new(4, LONG).cluster_ceiling(ClusterCeiling::new(
+        server.client(),
+        "layer",
+        1,
+    )));
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let released = std::sync::Mutex::new(Some(released));
+    let mut service = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(service_fn(move |_: ()| {
+            let gate = released.lock().unwrap().take();
+            async move {
+                if let Some(gate) = gate {
+                    let _ = gate.await;
+                }
+                Ok::<_, BoxError>("done")
+            }
+        }));
+    let first = service.ready().await.unwrap().call(());
+    let first = tokio::spawn(first);
+    until_leases(&server, "layer", 1).await;
+
+    // A second call: the fleet's one lease is taken.
+    let error = service.ready().await.unwrap().call(()).await.unwrap_err();
+    let shed = error.downcast_ref::<ServiceSaturated>().unwrap();
+    assert_eq!(shed.reason(), ShedReason::ClusterLimit);
+    assert_eq!(shed.http_status(), http::StatusCode::SERVICE_UNAVAILABLE);
+
+    release.send(()).unwrap();
+    assert_eq!(first.await.unwrap().unwrap(), "done");
+    until_leases(&server, "layer", 0).await;
+    assert_eq!(
+        service.ready().await.unwrap().call(()).await.unwrap(),
+        "done"
+    );
+    assert_eq!(layer.bulkhead().in_flight(), 0);
+}
+
+#[test]
+fn bad_settings_are_refused_naming_the_field() {
+    let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
+    let refused = |ceiling: ClusterCeiling| {
+        Bulkhead::try_new(Config::new(4, LONG).cluster_ceiling(ceiling))
+            .unwrap_err()
+            .field()
+    };
+    let ceiling = || ClusterCeiling::new(client.clone(), "db", 10);
+    assert_eq!(
+        refused(ClusterCeiling::new(client.clone(), "", 10)),
+        "cluster_ceiling.name"
+    );
+    assert_eq!(
+        refused(ClusterCeiling::new(client.clone(), "a}b", 10)),
+        "cluster_ceiling.name"
+    );
+    assert_eq!(
+        refused(ClusterCeiling::new(client.clone(), "db", 0)),
+        "cluster_ceiling.limit"
+    );
+    assert_eq!(
+        refused(ceiling().lease(Duration::MAX)),
+        "cluster_ceiling.lease"
+    );
+    assert_eq!(
+        refused(ceiling().lease(Duration::from_micros(10))),
+        "cluster_ceiling.lease"
+    );
+    assert_eq!(
+        refused(ceiling().timeout(Duration::MAX)),
+        "cluster_ceiling.timeout"
+    );
+    assert_eq!(
+        refused(ceiling().timeout(Duration::ZERO)),
+        "cluster_ceiling.timeout"
+    );
+    assert_eq!(
+        refused(
+            ceiling()
+                .lease(Duration::from_millis(50))
+                .timeout(Duration::from_millis(50))
+        ),
+        "cluster_ceiling.timeout"
+    );
+    assert_eq!(
+        refused(ceiling().backoff(Duration::MAX)),
+        "cluster_ceiling.backoff"
+    );
+    assert_eq!(
+        refused(ceiling().when_unreachable(WhenUnreachable::LocalLimit(0))),
+        "cluster_ceiling.when_unreachable"
+    );
+    // Built without a runtime or a server: the connection is made on first use.
+    assert!(Bulkhead::try_new(Config::new(4, LONG).cluster_ceiling(ceiling())).is_ok());
+    assert!(format!("{:?}", ceiling()).contains("\"db\""));
+}
