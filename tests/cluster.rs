@@ -475,3 +475,43 @@ fn bad_settings_are_refused_naming_the_field() {
     assert!(Bulkhead::try_new(Config::new(4, LONG).cluster_ceiling(ceiling())).is_ok());
     assert!(format!("{:?}", ceiling()).contains("\"db\""));
 }
+
+#[cfg(feature = "http")]
+#[tokio::test]
+async fn the_http_layer_answers_a_full_ceiling_with_503_and_retry_after() {
+    use http::{Request, Response, StatusCode};
+    use http_body_util::{BodyExt, Full};
+    use tower_inflight::http::HttpConcurrencyLayer;
+
+    let server = RedisServer::start();
+    let ceiling = || ClusterCeiling::new(server.client(), "http", 1);
+    let other = Bulkhead::new(Config::new(1, LONG).cluster_ceiling(ceiling()));
+    let layer = HttpConcurrencyLayer::new(
+        Config::new(4, LONG)
+            .retry_after(Duration::from_secs(2))
+            .cluster_ceiling(ceiling()),
+    );
+    let service = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(service_fn(|_: Request<_>| async {
+            Ok::<_, BoxError>(Response::new(Full::new(bytes::Bytes::from("done"))))
+        }));
+    let request = || Request::new(Full::new(bytes::Bytes::new()));
+
+    let response = service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    // The lease is held until the body ends.
+    assert_eq!(
+        response.into_body().collect().await.unwrap().to_bytes(),
+        "done"
+    );
+    until_leases(&server, "http", 0).await;
+
+    let held = other.acquire().await.unwrap();
+    let response = service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()["retry-after"], "2");
+    assert_eq!(layer.bulkhead().in_flight(), 0);
+    assert_eq!(layer.bulkhead().status().totals.rejected_cluster_limit, 1);
+    drop(held);
+}
