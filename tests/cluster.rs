@@ -515,3 +515,81 @@ async fn the_http_layer_answers_a_full_ceiling_with_503_and_retry_after() {
     assert_eq!(layer.bulkhead().status().totals.rejected_cluster_limit, 1);
     drop(held);
 }
+
+/// Redis failing and answering again: one event each way, and the metrics.
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn an_unreachable_redis_is_reported_once_each_way() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use std::sync::{Arc, Mutex};
+    use tower_inflight::Event;
+
+    let mut server = RedisServer::start();
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let bulkhead = metrics::with_local_recorder(&recorder, || {
+        let events = events.clone();
+        Bulkhead::new(
+            Config::new(8, LONG)
+                .name("flaky")
+                .on_event(move |event| {
+                    if let Event::ClusterReachable { reachable } = event {
+                        events.lock().unwrap().push(*reachable);
+                    }
+                })
+                .cluster_ceiling(
+                    ClusterCeiling::new(server.client(), "flaky", 8).backoff(Duration::ZERO),
+                ),
+        )
+    });
+    drop(bulkhead.acquire().await.unwrap());
+    server.stop();
+    for _ in 0..3 {
+        drop(bulkhead.acquire().await.unwrap()); // FailOpen
+    }
+    server.restart();
+    let started = Instant::now();
+    while !bulkhead.status().cluster.unwrap().reachable
+        || bulkhead.status().cluster.unwrap().leases_granted < 2
+    {
+        drop(bulkhead.acquire().await.unwrap());
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never reached again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(*events.lock().unwrap(), [false, true]);
+
+    // One snapshot: taking one resets what it read.
+    let snapshot: Vec<(String, f64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| {
+            let value = match value {
+                DebugValue::Counter(n) => n as f64,
+                DebugValue::Gauge(v) => v.into_inner(),
+                DebugValue::Histogram(samples) => samples.len() as f64,
+            };
+            (key.key().name().to_owned(), value)
+        })
+        .collect();
+    let metric = |name: &str| {
+        snapshot
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| *value)
+            .unwrap_or_else(|| panic!("no {name} in {snapshot:?}"))
+    };
+    let errors = metric("tower_inflight_cluster_errors_total");
+    assert!(errors >= 3.0, "with no backoff, each call asked: {errors}");
+    assert_eq!(metric("tower_inflight_cluster_reachable"), 1.0);
+    assert_eq!(metric("tower_inflight_cluster_limit"), 8.0);
+    assert!(metric("tower_inflight_cluster_round_trip_seconds") >= 2.0);
+    assert_eq!(
+        metric("tower_inflight_cluster_admitted_without_lease_total"),
+        errors
+    );
+}

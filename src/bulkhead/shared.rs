@@ -69,7 +69,7 @@ impl Shared {
             cluster: config
                 .cluster
                 .clone()
-                .map(|ceiling| Arc::new(crate::redis::Cluster::new(ceiling, config.reclaim_after))),
+                .map(|ceiling| Arc::new(crate::redis::Cluster::new(ceiling, &config))),
             config,
         })
     }

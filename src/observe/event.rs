@@ -52,6 +52,14 @@ pub enum Event {
         /// Whether it is up now.
         raised: bool,
     },
+    /// The cluster ceiling's Redis stopped answering (a command failed or
+    /// timed out: calls follow
+    /// [`WhenUnreachable`](crate::redis::WhenUnreachable) for the backoff),
+    /// or answered again. Feature `redis`.
+    ClusterReachable {
+        /// Whether it answers now.
+        reachable: bool,
+    },
 }
 
 /// The hook: called on the thread where the event happens, so it must be

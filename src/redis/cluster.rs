@@ -2,8 +2,10 @@
 //! giving them back, renewing them, and what to do while Redis is away.
 
 use crate::error::ShedReason;
+use crate::observe::{Event, Hook};
 use crate::redis::script::{ACQUIRE, RENEW};
 use crate::redis::{ClusterCeiling, ClusterStatus, WhenUnreachable};
+use crate::Config;
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
@@ -45,6 +47,9 @@ pub(crate) struct Cluster {
     /// Calls admitted under `WhenUnreachable::LocalLimit`, holding no lease.
     fallback_held: AtomicUsize,
     counts: Arc<Counts>,
+    on_event: Option<Hook>,
+    #[cfg(feature = "metrics")]
+    metrics: metrics::ClusterMetrics,
 }
 
 /// What a cluster ceiling has seen, for [`ClusterStatus`].
@@ -74,9 +79,16 @@ pub(crate) struct Lease {
 pub(crate) type Leased = Result<Option<Lease>, ShedReason>;
 
 impl Cluster {
-    pub(crate) fn new(ceiling: ClusterCeiling, reclaim_after: Duration) -> Self {
+    pub(crate) fn new(ceiling: ClusterCeiling, config: &Config) -> Self {
+        let reclaim_after = config.reclaim_after;
         let lease = ceiling.lease_or(reclaim_after);
         Self {
+            on_event: config.on_event.clone(),
+            #[cfg(feature = "metrics")]
+            metrics: metrics::ClusterMetrics::register(
+                config.name.as_deref().unwrap_or("bulkhead"),
+                ceiling.limit,
+            ),
             key: ceiling.key(),
             // `validate` keeps the lease within a year: no overflow.
             lease_ms: lease.as_millis() as u64,
@@ -149,9 +161,7 @@ impl Cluster {
     pub(crate) fn unreachable(self: &Arc<Self>) -> Leased {
         match self.ceiling.when_unreachable {
             WhenUnreachable::FailOpen => {
-                self.counts
-                    .admitted_without_lease
-                    .fetch_add(1, Ordering::Relaxed);
+                self.admitted_without_lease();
                 Ok(None)
             }
             WhenUnreachable::FailClosed => Err(ShedReason::ClusterUnavailable),
@@ -165,9 +175,7 @@ impl Cluster {
                 if taken.is_err() {
                     return Err(ShedReason::ClusterUnavailable);
                 }
-                self.counts
-                    .admitted_without_lease
-                    .fetch_add(1, Ordering::Relaxed);
+                self.admitted_without_lease();
                 Ok(Some(Lease {
                     cluster: self.clone(),
                     token: None,
@@ -181,9 +189,7 @@ impl Cluster {
     pub(crate) fn without_round_trip(&self) -> Result<(), ShedReason> {
         match self.ceiling.when_unreachable {
             WhenUnreachable::FailOpen => {
-                self.counts
-                    .admitted_without_lease
-                    .fetch_add(1, Ordering::Relaxed);
+                self.admitted_without_lease();
                 Ok(())
             }
             _ => Err(ShedReason::ClusterUnavailable),
@@ -220,8 +226,34 @@ impl Cluster {
         (self.epoch.elapsed().as_millis() as u64).saturating_add(1)
     }
 
+    fn admitted_without_lease(&self) {
+        self.counts
+            .admitted_without_lease
+            .fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        self.metrics.admitted_without_lease.increment(1);
+    }
+
+    /// Reports Redis answering again, or failing, once per change.
+    fn reachable(&self, reachable: bool) {
+        #[cfg(feature = "metrics")]
+        self.metrics.reachable.set(f64::from(u8::from(reachable)));
+        if let Some(hook) = &self.on_event {
+            (hook.0)(&Event::ClusterReachable { reachable });
+        }
+    }
+
     fn reached(&self, round_trip: Duration, reply: &Reply) {
-        self.skip_until.store(0, Ordering::Relaxed);
+        if self.skip_until.swap(0, Ordering::Relaxed) != 0 {
+            self.reachable(true);
+        }
+        #[cfg(feature = "metrics")]
+        {
+            let metrics = &self.metrics;
+            metrics.round_trip_seconds.record(round_trip.as_secs_f64());
+            metrics.leases_held.set(reply.held as f64);
+            metrics.reclaimed.increment(reply.reclaimed);
+        }
         let counts = &self.counts;
         counts
             .round_trip_micros
@@ -236,8 +268,12 @@ impl Cluster {
     /// backoff.
     fn unreached(&self, error: Option<::redis::RedisError>) {
         self.counts.errors.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        self.metrics.errors.increment(1);
         let next = self.millis().saturating_add(self.backoff_ms()).max(1);
-        self.skip_until.store(next, Ordering::Relaxed);
+        if self.skip_until.swap(next, Ordering::Relaxed) == 0 {
+            self.reachable(false);
+        }
         #[cfg(feature = "tracing")]
         match error {
             Some(error) => tracing::warn!(
@@ -521,6 +557,48 @@ fn jitter(pause: Duration) -> Duration {
     let random = token_keys().hash_one((n, 2u8));
     let micros = pause.as_micros() as u64;
     Duration::from_micros(micros - random % (micros / 2 + 1))
+}
+
+#[cfg(feature = "metrics")]
+mod metrics {
+    //! The cluster ceiling's metrics, beside the bulkhead's (same `service`
+    //! label): registered once, when the bulkhead is built.
+
+    use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
+
+    const LIMIT: &str = "tower_inflight_cluster_limit";
+    const LEASES_HELD: &str = "tower_inflight_cluster_leases_held";
+    const ROUND_TRIP_SECONDS: &str = "tower_inflight_cluster_round_trip_seconds";
+    const ERRORS: &str = "tower_inflight_cluster_errors_total";
+    const REACHABLE: &str = "tower_inflight_cluster_reachable";
+    const RECLAIMED: &str = "tower_inflight_cluster_reclaimed_total";
+    const ADMITTED_WITHOUT_LEASE: &str = "tower_inflight_cluster_admitted_without_lease_total";
+
+    pub(super) struct ClusterMetrics {
+        pub(super) leases_held: Gauge,
+        pub(super) round_trip_seconds: Histogram,
+        pub(super) errors: Counter,
+        pub(super) reachable: Gauge,
+        pub(super) reclaimed: Counter,
+        pub(super) admitted_without_lease: Counter,
+    }
+
+    impl ClusterMetrics {
+        pub(super) fn register(service: &str, limit: usize) -> Self {
+            let service = service.to_owned();
+            gauge!(LIMIT, "service" => service.clone()).set(limit as f64);
+            let reachable = gauge!(REACHABLE, "service" => service.clone());
+            reachable.set(1.0);
+            Self {
+                leases_held: gauge!(LEASES_HELD, "service" => service.clone()),
+                round_trip_seconds: histogram!(ROUND_TRIP_SECONDS, "service" => service.clone()),
+                errors: counter!(ERRORS, "service" => service.clone()),
+                reachable,
+                reclaimed: counter!(RECLAIMED, "service" => service.clone()),
+                admitted_without_lease: counter!(ADMITTED_WITHOUT_LEASE, "service" => service),
+            }
+        }
+    }
 }
 
 #[cfg(test)]
