@@ -20,6 +20,7 @@ use tower_inflight::redis::ClusterCeiling;
 use tower_inflight::{Bulkhead, Config};
 
 #[path = "../tests/support/redis_server.rs"]
+#[allow(dead_code)] // the tests' helper: the bench uses part of it
 mod redis_server;
 mod support;
 

@@ -107,6 +107,7 @@
 //! | `metrics` | `tower_inflight_*` counters, gauges and histograms through the `metrics` facade |
 //! | `tracing` | a debug event per rejection; a warning per reclaimed slot, per invalid weight, and when the saturation signal goes up |
 //! | `serde` | [`Status`] is `Serialize` |
+//! | `redis` | [`redis::ClusterCeiling`]: one ceiling on calls in flight across every replica, leases in Redis |
 //!
 //! [tower]: https://docs.rs/tower
 
@@ -144,7 +145,7 @@ pub use wait::{Comparator, QueueOrder, WaitingCall};
 
 /// The README and the pages under `docs/`, compiled and run as doc tests so
 /// that the code they show stays true.
-#[cfg(all(doctest, feature = "axum"))]
+#[cfg(all(doctest, feature = "axum", feature = "redis"))]
 mod doc_pages {
     #[doc = include_str!("../README.md")]
     struct Readme;
@@ -162,6 +163,8 @@ mod doc_pages {
     struct Performance;
     #[doc = include_str!("../docs/overload.md")]
     struct Overload;
+    #[doc = include_str!("../docs/cluster.md")]
+    struct Cluster;
 }
 
 /// The error type of [`Concurrency`]: the inner service's error, or

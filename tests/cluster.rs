@@ -593,3 +593,281 @@ async fn an_unreachable_redis_is_reported_once_each_way() {
         errors
     );
 }
+
+/// How many clients Redis sees connected (this one included).
+async fn connected_clients(server: &RedisServer) -> usize {
+    let mut connection = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("clients")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("connected_clients:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// A ready service holds its slot and lease from `poll_ready`; called after
+/// the lease may have run out (renewed or not), the call is shed: it never
+/// runs on a lease another replica may hold by now.
+#[tokio::test]
+async fn a_ready_service_called_after_its_lease_ran_out_is_shed_not_run_over_the_ceiling() {
+    let mut over = Vec::new();
+    for renew in [false, true] {
+        let server = RedisServer::start();
+        let reclaim_after = Duration::from_millis(300); // the lease too
+        let ceiling = |client| {
+            ClusterCeiling::new(client, "ready", 1)
+                .timeout(Duration::from_millis(50))
+                .renew(renew)
+        };
+        let layer = ConcurrencyLayer::new(
+            Config::new(4, reclaim_after).cluster_ceiling(ceiling(server.client())),
+        );
+        let other = Bulkhead::new(Config::new(4, LONG).cluster_ceiling(ceiling(server.client())));
+        let mut service = ServiceBuilder::new()
+            .layer(layer.clone())
+            .service(service_fn(|_: ()| async { Ok::<_, BoxError>(()) }));
+        // Ready: a local slot and the fleet's one lease, held until `call`.
+        std::future::poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .unwrap();
+        assert_eq!(leases(&server, "ready").await, 1);
+
+        // The connection idles past the lease (and its renewals, which stop
+        // at `reclaim_after`): another replica takes it.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let _theirs = other.acquire().await.unwrap();
+
+        let _mine = service.call(()); // the permit is made here
+        let in_flight = (layer.bulkhead().in_flight(), other.in_flight());
+        let in_redis = leases(&server, "ready").await;
+        if in_flight.0 + in_flight.1 > 1 {
+            over.push(format!(
+                "renew {renew}: {} + {} calls in flight, {in_redis} lease in Redis, ceiling 1",
+                in_flight.0, in_flight.1
+            ));
+        }
+    }
+    assert!(over.is_empty(), "{over:#?}");
+}
+
+/// A place under `LocalLimit` whose permit leaked comes back after
+/// `reclaim_after`, as its local slot does.
+#[tokio::test]
+async fn a_leaked_permit_s_fallback_place_comes_back_with_its_slot() {
+    let mut server = RedisServer::start();
+    let reclaim_after = Duration::from_millis(200);
+    let bulkhead = Bulkhead::new(
+        Config::new(4, reclaim_after).cluster_ceiling(
+            ClusterCeiling::new(server.client(), "fallback-leak", 10)
+                .timeout(Duration::from_millis(50))
+                .when_unreachable(WhenUnreachable::LocalLimit(1)),
+        ),
+    );
+    server.stop();
+    std::mem::forget(bulkhead.acquire().await.unwrap()); // under the fallback
+    tokio::time::sleep(reclaim_after * 2).await;
+    bulkhead.reset();
+    assert_eq!(bulkhead.in_flight(), 0, "the local slot is back");
+    let again = bulkhead.acquire().await;
+    assert!(
+        again.is_ok(),
+        "shed with {:?}; fallback_held = {}",
+        again.as_ref().err().map(ServiceSaturated::reason),
+        bulkhead.status().cluster.unwrap().fallback_held
+    );
+}
+
+/// The release task is started again in a later runtime when the first
+/// one has gone: leases never pile up in Redis unreleased.
+#[test]
+fn releases_outlive_the_runtime_that_first_used_the_ceiling() {
+    let server = RedisServer::start();
+    let bulkhead = bulkhead(&server, "runtimes", 4, 2);
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    runtime().block_on(async {
+        drop(bulkhead.acquire().await.unwrap());
+        until_leases(&server, "runtimes", 0).await;
+    });
+    runtime().block_on(async {
+        let mut outcomes = Vec::new();
+        for _ in 0..4 {
+            // One call at a time: never more than one in flight.
+            outcomes.push(
+                bulkhead
+                    .acquire()
+                    .await
+                    .map(drop)
+                    .map_err(|shed| shed.reason()),
+            );
+            tokio::time::sleep(Duration::from_millis(1100)).await; // past any backoff
+        }
+        let cluster = bulkhead.status().cluster.unwrap();
+        assert_eq!(
+            outcomes,
+            [Ok(()), Ok(()), Ok(()), Ok(())],
+            "leases left in Redis: {}; {cluster:?}",
+            leases(&server, "runtimes").await
+        );
+    });
+}
+
+/// A dropped bulkhead's background task ends at once, and its connection
+/// with it.
+#[tokio::test]
+async fn a_dropped_bulkhead_closes_its_redis_connection() {
+    let server = RedisServer::start();
+    assert_eq!(connected_clients(&server).await, 1);
+    {
+        let bulkhead = Bulkhead::new(
+            Config::new(4, LONG)
+                .cluster_ceiling(ClusterCeiling::new(server.client(), "gone", 4).renew(true)),
+        );
+        drop(bulkhead.acquire().await.unwrap());
+        until_leases(&server, "gone", 0).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        connected_clients(&server).await,
+        1,
+        "the dropped bulkhead's connection is still open"
+    );
+}
+
+/// `admitted_without_lease` counts the calls that may not wait and were
+/// admitted, not those shed by the local limit.
+#[tokio::test]
+async fn admitted_without_lease_counts_only_calls_admitted() {
+    let server = RedisServer::start();
+    let bulkhead = bulkhead(&server, "count", 1, 10);
+    let _held = bulkhead.try_acquire().unwrap();
+    for _ in 0..10 {
+        assert_eq!(reason(bulkhead.try_acquire()), ShedReason::LimitReached);
+    }
+    let cluster = bulkhead.status().cluster.unwrap();
+    assert_eq!(cluster.admitted_without_lease, 1, "{cluster:?}");
+}
+
+/// A lease granted by a script whose reply came too late (the call timed
+/// out), or whose acquire future was dropped mid-flight, is released once
+/// Redis answers.
+#[tokio::test]
+async fn a_lease_granted_after_the_timeout_or_a_drop_is_released() {
+    let server = RedisServer::start();
+    let bulkhead = Bulkhead::new(
+        Config::new(4, LONG).cluster_ceiling(
+            ClusterCeiling::new(server.client(), "late", 4)
+                .timeout(Duration::from_millis(100))
+                .backoff(Duration::ZERO),
+        ),
+    );
+    drop(bulkhead.acquire().await.unwrap()); // connected, script loaded
+    until_leases(&server, "late", 0).await;
+
+    server.freeze();
+    let timed_out = bulkhead.acquire().await.unwrap(); // FailOpen after 100 ms
+    let dropped = tokio::time::timeout(Duration::from_millis(30), bulkhead.acquire()).await;
+    assert!(dropped.is_err());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.thaw();
+    until_leases(&server, "late", 0).await;
+    assert_eq!(bulkhead.in_flight(), 1);
+    drop(timed_out);
+}
+
+/// `close()` and `cancel_waiting()` turn away a caller waiting for the
+/// ceiling (holding its local slot, asking again within its budget).
+#[tokio::test]
+async fn close_and_cancel_turn_away_a_caller_waiting_for_the_ceiling() {
+    let server = RedisServer::start();
+    let holder = bulkhead(&server, "close", 1, 1);
+    let held = holder.acquire().await.unwrap();
+    for close in [true, false] {
+        let waiter = Bulkhead::new(
+            Config::new(1, LONG)
+                .wait(Duration::from_secs(5))
+                .cluster_ceiling(ClusterCeiling::new(server.client(), "close", 1)),
+        );
+        let waiting = tokio::spawn({
+            let waiter = waiter.clone();
+            async move {
+                waiter
+                    .acquire()
+                    .await
+                    .map(drop)
+                    .map_err(|shed| shed.reason())
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(waiter.in_flight(), 1, "asking Redis, holding its slot");
+        if close {
+            waiter.close();
+        } else {
+            waiter.cancel_waiting();
+        }
+        let started = Instant::now();
+        let outcome = waiting.await.unwrap();
+        let expected = if close {
+            ShedReason::Closed
+        } else {
+            ShedReason::Cancelled
+        };
+        assert_eq!(
+            outcome,
+            Err(expected),
+            "close: {close}; answered after {:?}",
+            started.elapsed()
+        );
+    }
+    drop(held);
+}
+
+/// A permit's release rides on the next lease asked for: one caller making
+/// one call at a time, under a ceiling of 1, is never refused for its own
+/// last lease.
+#[tokio::test]
+async fn one_caller_one_call_at_a_time_is_never_shed_by_its_own_lease() {
+    let server = RedisServer::start();
+    let bulkhead = bulkhead(&server, "sequential", 1, 1);
+    let mut refused = 0;
+    for _ in 0..100 {
+        match bulkhead.acquire().await {
+            Ok(permit) => drop(permit),
+            Err(shed) => {
+                assert_eq!(shed.reason(), ShedReason::ClusterLimit);
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(refused, 0, "of 100 calls, never more than one in flight");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_caller_one_call_at_a_time_is_never_shed_by_its_own_lease_on_many_threads() {
+    let server = RedisServer::start();
+    let bulkhead = bulkhead(&server, "sequential", 1, 1);
+    let mut refused = 0;
+    for _ in 0..100 {
+        match bulkhead.acquire().await {
+            Ok(permit) => drop(permit),
+            Err(shed) => {
+                assert_eq!(shed.reason(), ShedReason::ClusterLimit);
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(refused, 0, "of 100 calls, never more than one in flight");
+}

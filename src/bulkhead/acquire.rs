@@ -245,7 +245,12 @@ impl Acquire {
                     return Poll::Ready(outcome);
                 }
                 StateProj::Leasing { granted, leasing } => {
-                    let leased = ready!(leasing.poll(cx));
+                    // Polled at least at every pause between asks: a close
+                    // or a cancel reaches a caller asking within one.
+                    let leased = match leasing.turned_away(this.shared) {
+                        Some(reason) => Err(reason),
+                        None => ready!(leasing.poll(cx)),
+                    };
                     let granted = granted
                         .take()
                         .expect("a lease is asked for by a caller holding its slots");
@@ -276,7 +281,7 @@ impl Acquire {
     ) -> Result<State, Granted> {
         let deadline = arrived
             .zip(shared.config().wait)
-            .and_then(|(arrived, wait)| arrived.checked_add(wait));
+            .and_then(|(arrived, wait)| arrived.checked_add(shared.wait_budget(wait)));
         match Leasing::start(shared, deadline) {
             Some(leasing) => Ok(State::Leasing {
                 granted: Some(granted),

@@ -206,8 +206,9 @@ impl Bulkhead {
     pub fn try_acquire_weighted(&self, weight: usize) -> Result<Permit, ServiceSaturated> {
         let now = self.shared.now();
         #[cfg(feature = "redis")]
-        if let Err(reason) = self.shared.without_round_trip() {
-            return Err(self.shared.saturated_at(reason, now));
+        if let Some(cluster) = self.shared.cluster() {
+            let claim = self.shared.claim_without_round_trip(cluster, now, weight)?;
+            return Ok(Permit::new(self.shared.clone(), claim));
         }
         match self.shared.try_claim_weighted(weight, now) {
             Ok(claim) => Ok(Permit::new(self.shared.clone(), claim)),
@@ -477,6 +478,10 @@ impl Bulkhead {
     /// lost to killed callers when `reclaim_after` is long.
     pub fn reset(&self) {
         self.shared.slots.reset();
+        #[cfg(feature = "redis")]
+        if let Some(cluster) = self.shared.cluster() {
+            cluster.reset();
+        }
         self.shared.observer.reset();
         self.shared
             .waiters

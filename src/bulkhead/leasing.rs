@@ -18,8 +18,24 @@ pub(crate) type HeldLease = ();
 #[cfg(feature = "redis")]
 type BoxedLease = std::pin::Pin<Box<dyn std::future::Future<Output = crate::redis::Leased> + Send>>;
 
+/// Whether `lease` may have run out since it was granted: a grant kept too
+/// long before its call must not run on it.
+#[inline(always)]
+pub(crate) fn lapsed(lease: &HeldLease) -> bool {
+    #[cfg(feature = "redis")]
+    return lease.as_ref().is_some_and(|lease| lease.lapsed());
+    #[cfg(not(feature = "redis"))]
+    {
+        let () = lease;
+        false
+    }
+}
+
 /// A lease being asked for, by a caller that holds its local slots.
 pub(crate) struct Leasing {
+    /// The bulkhead's count of `cancel_waiting` calls when the lease was
+    /// first asked for: a caller asking is waiting too, and is turned away.
+    cancels_seen: u64,
     /// In a mutex only to be `Sync` (axum wants its services to be, and a
     /// service may hold this while `poll_ready` waits): it is only ever
     /// reached through `&mut`, with `get_mut`, which takes no lock.
@@ -40,6 +56,7 @@ impl Leasing {
     ) -> Option<Self> {
         let cluster = shared.cluster()?.clone();
         Some(Self {
+            cancels_seen: shared.waiters().cancels(),
             asking: std::sync::Mutex::new(Box::pin(cluster.lease(deadline))),
         })
     }
@@ -48,6 +65,18 @@ impl Leasing {
     #[inline(always)]
     pub(crate) fn start(_: &Arc<Shared>, _: Option<tokio::time::Instant>) -> Option<Self> {
         None
+    }
+
+    /// Why the caller is turned away before its lease comes, if it is: the
+    /// bulkhead was closed, or its waiting callers cancelled.
+    pub(crate) fn turned_away(&self, shared: &Shared) -> Option<ShedReason> {
+        if shared.waiters().is_closed() {
+            Some(ShedReason::Closed)
+        } else if shared.waiters().cancels() != self.cancels_seen {
+            Some(ShedReason::Cancelled)
+        } else {
+            None
+        }
     }
 
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<HeldLease, ShedReason>> {

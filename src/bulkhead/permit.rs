@@ -1,8 +1,8 @@
 //! The permit: one held slot (and, where taken, a share of the byte budget),
 //! given back when dropped.
 
-use crate::bulkhead::{HeldLease, Shared};
-use crate::error::ServiceSaturated;
+use crate::bulkhead::{lapsed, HeldLease, Shared};
+use crate::error::{ServiceSaturated, ShedReason};
 use crate::slots::{Claim, Share};
 use crate::sync::Arc;
 use std::fmt;
@@ -211,6 +211,12 @@ impl Granted {
         };
         let shared = &self.shared;
         let now = shared.now();
+        if lapsed(&self.lease) {
+            // Kept past its lease (a service polled ready, called much
+            // later): another replica may hold it now. Both go back.
+            shared.give_back_unused(&claim);
+            return Err(shared.saturated_at(ShedReason::ClusterLimit, now));
+        }
         let permit = if shared.slots().holds(&claim, now) {
             Shared::permit(shared, claim, bytes)
         } else {

@@ -82,24 +82,30 @@ impl Shared {
     pub(crate) fn claim_or_shed(&self) -> Result<Claim, ServiceSaturated> {
         let now = self.clock.now();
         #[cfg(feature = "redis")]
-        if let Err(reason) = self.without_round_trip() {
-            return Err(self.saturated_at(reason, now));
+        if let Some(cluster) = &self.cluster {
+            return self.claim_without_round_trip(cluster, now, 1);
         }
         self.try_claim_at(now)
             .map_err(|reason| self.saturated_at(reason, now))
     }
 
-    /// Whether a call that may not wait for a round trip to the cluster
-    /// ceiling's Redis may take a local slot: it is answered as if Redis
-    /// were away, except that a place under a fallback limit needs a permit
-    /// that can give it back, so only `FailOpen` admits it.
+    /// For a bulkhead with a cluster ceiling, a claim of `weight` slots by a
+    /// caller that may not wait for a round trip to Redis: it is answered as
+    /// if Redis were away, except that a place under a fallback limit needs
+    /// a permit that can give it back, so only `FailOpen` admits it.
     #[cfg(feature = "redis")]
-    #[inline(always)]
-    pub(crate) fn without_round_trip(&self) -> Result<(), ShedReason> {
-        match &self.cluster {
-            None => Ok(()),
-            Some(cluster) => cluster.without_round_trip(),
-        }
+    #[cold]
+    pub(crate) fn claim_without_round_trip(
+        &self,
+        cluster: &crate::redis::Cluster,
+        now: u64,
+        weight: usize,
+    ) -> Result<Claim, ServiceSaturated> {
+        cluster
+            .without_round_trip()
+            .and_then(|()| self.try_claim_weighted(weight, now))
+            .inspect(|_| cluster.admitted_locally())
+            .map_err(|reason| self.saturated_at(reason, now))
     }
 
     /// The cluster ceiling, if the configuration has one.

@@ -26,7 +26,8 @@ use tower_service::Service;
 /// Built by [`HttpConcurrencyLayer`](super::HttpConcurrencyLayer); see the
 /// [module docs](super). The readiness contract is that of
 /// [`Concurrency`](crate::Concurrency): ready when there is room, the slot
-/// taken in `call`; with a `wait` budget, `poll_ready` waits for a slot.
+/// taken in `call`; with a `wait` budget, `poll_ready` waits for a slot;
+/// with a cluster ceiling, `poll_ready` takes the slot and its lease.
 ///
 /// The inner service sees the request body wrapped in
 /// [`http_body_util::Limited`], which ends it with an error if it grows past

@@ -153,7 +153,14 @@ impl ClusterCeiling {
         if lease < Duration::from_millis(1) || lease > MAX_LEASE {
             return Err(ConfigError::new(
                 "cluster_ceiling.lease",
-                format!("{lease:?} must be from 1 ms to {MAX_LEASE:?} (a year)"),
+                format!(
+                    "{lease:?}{} must be from 1 ms to {MAX_LEASE:?} (a year)",
+                    if self.lease.is_none() {
+                        " (the bulkhead's reclaim_after, as no lease is set)"
+                    } else {
+                        ""
+                    }
+                ),
             ));
         }
         if self.timeout.is_zero() || self.timeout > MAX_TIMEOUT || self.timeout >= lease {

@@ -1,26 +1,21 @@
-//! A bulkhead's side of its cluster ceiling: asking Redis for leases,
-//! giving them back, renewing them, and what to do while Redis is away.
+//! A bulkhead's side of its cluster ceiling: asking Redis for leases, and
+//! what to do while Redis is away.
 
 use crate::error::ShedReason;
 use crate::observe::{Event, Hook};
-use crate::redis::script::{ACQUIRE, RENEW};
+use crate::redis::fallback::FallbackPlaces;
+use crate::redis::releases::{Release, Releases, BATCH};
+use crate::redis::script::ACQUIRE;
 use crate::redis::{ClusterCeiling, ClusterStatus, WhenUnreachable};
 use crate::Config;
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::collections::hash_map::RandomState;
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-/// Releases waiting to be sent; past this, a release is dropped (and
-/// counted) and its lease runs out on its own.
-const RELEASE_QUEUE: usize = 4_096;
-/// The most tokens one `ZREM` carries.
-const RELEASE_BATCH: usize = 256;
 /// A caller refused by the ceiling, with a `wait` budget left, asks again
 /// after a pause that starts here and doubles up to `LONGEST_PAUSE`, each
 /// jittered down by up to half, and never past the earliest lease's end.
@@ -29,24 +24,24 @@ const LONGEST_PAUSE: Duration = Duration::from_millis(8);
 
 /// A bulkhead's cluster ceiling, with its connection and its counts.
 pub(crate) struct Cluster {
-    ceiling: ClusterCeiling,
-    key: String,
-    lease_ms: u64,
-    /// How long a renewed lease may live: the bulkhead's `reclaim_after`,
-    /// after which its local slot is reclaimed too.
+    pub(super) ceiling: ClusterCeiling,
+    pub(super) key: String,
+    pub(super) lease_ms: u64,
+    /// How long a lease is taken to last, seen from here: the lease, or,
+    /// renewed, the bulkhead's `reclaim_after`, after which its local slot
+    /// is reclaimed and renewal stops.
+    lasts: Duration,
+    /// The bulkhead's `reclaim_after`: how long a lease is renewed.
     renew_for: Duration,
     /// Made on first use, inside a runtime: the manager spawns its tasks.
     connection: OnceLock<ConnectionManager>,
-    releases: OnceLock<mpsc::Sender<Release>>,
-    /// The leases to renew, by token, with when each stops being renewed.
-    live: Arc<Mutex<HashMap<String, Instant>>>,
+    pub(super) releases: Releases,
     /// While Redis is skipped after a failure: until when, in milliseconds
     /// since `epoch` plus one; 0 while Redis answers.
     skip_until: AtomicU64,
     epoch: Instant,
-    /// Calls admitted under `WhenUnreachable::LocalLimit`, holding no lease.
-    fallback_held: AtomicUsize,
-    counts: Arc<Counts>,
+    fallback: Option<FallbackPlaces>,
+    pub(super) counts: Counts,
     on_event: Option<Hook>,
     #[cfg(feature = "metrics")]
     metrics: metrics::ClusterMetrics,
@@ -54,24 +49,32 @@ pub(crate) struct Cluster {
 
 /// What a cluster ceiling has seen, for [`ClusterStatus`].
 #[derive(Default)]
-struct Counts {
+pub(super) struct Counts {
     granted: AtomicU64,
     refused: AtomicU64,
     reclaimed: AtomicU64,
-    released: AtomicU64,
-    released_late: AtomicU64,
-    releases_lost: AtomicU64,
+    pub(super) released: AtomicU64,
+    pub(super) released_late: AtomicU64,
+    pub(super) releases_lost: AtomicU64,
     errors: AtomicU64,
     admitted_without_lease: AtomicU64,
     held_seen: AtomicUsize,
     round_trip_micros: AtomicU64,
 }
 
-/// Where a call was admitted, so that its permit gives back to the same
-/// place: a lease in Redis, or a place under the fallback limit.
+/// Where a call was admitted beside its local slots, so that its permit
+/// gives back to the same place: a lease in Redis, or a place under the
+/// fallback limit.
 pub(crate) struct Lease {
     cluster: Arc<Cluster>,
-    token: Option<String>,
+    held: Held,
+}
+
+enum Held {
+    /// A lease, by token, asked for at `asked`.
+    Redis { token: String, asked: Instant },
+    /// A place under `WhenUnreachable::LocalLimit`, by id.
+    Fallback(u64),
 }
 
 /// The answer to a lease: one, none needed (admitted while Redis is away,
@@ -82,6 +85,10 @@ impl Cluster {
     pub(crate) fn new(ceiling: ClusterCeiling, config: &Config) -> Self {
         let reclaim_after = config.reclaim_after;
         let lease = ceiling.lease_or(reclaim_after);
+        let fallback = match ceiling.when_unreachable {
+            WhenUnreachable::LocalLimit(limit) => Some(FallbackPlaces::new(limit, reclaim_after)),
+            _ => None,
+        };
         Self {
             on_event: config.on_event.clone(),
             #[cfg(feature = "metrics")]
@@ -92,54 +99,67 @@ impl Cluster {
             key: ceiling.key(),
             // `validate` keeps the lease within a year: no overflow.
             lease_ms: lease.as_millis() as u64,
+            lasts: if ceiling.renew {
+                lease.max(reclaim_after)
+            } else {
+                lease
+            },
             renew_for: reclaim_after,
             ceiling,
             connection: OnceLock::new(),
-            releases: OnceLock::new(),
-            live: Arc::default(),
+            releases: Releases::default(),
             skip_until: AtomicU64::new(0),
             epoch: Instant::now(),
-            fallback_held: AtomicUsize::new(0),
-            counts: Arc::default(),
+            fallback,
+            counts: Counts::default(),
         }
     }
 
-    /// A lease for one call, asked for again within `deadline` while the
+    /// A lease for one call, asked for again until `deadline` while the
     /// ceiling is full (once, without a deadline); or, while Redis cannot
     /// be reached, what [`WhenUnreachable`] says.
+    ///
+    /// The first ask may take the whole `timeout`; later ones end by the
+    /// deadline.
     pub(crate) async fn lease(self: Arc<Self>, deadline: Option<Instant>) -> Leased {
         let mut pause = FIRST_PAUSE;
+        let mut timeout = self.ceiling.timeout;
         loop {
             if !self.may_ask() {
                 return self.unreachable();
             }
-            self.start_background();
-            let token = new_token();
-            // Released if this future is dropped, or times out, after the
-            // script may have run: the token is ours, so a release never
-            // takes anyone else's lease.
+            self.releases.ensure_task(&self);
+            // Released if this future is dropped, or the ask times out or
+            // fails, after the script may have run: the token is ours, so a
+            // release never takes anyone else's lease.
             let asking = Asking {
                 cluster: &self,
-                token: Some(token),
+                token: Some(new_token()),
             };
+            let releasing = self.releases.take();
             let asked = Instant::now();
-            let reply = tokio::time::timeout(self.ceiling.timeout, self.ask(asking.token()))
-                .await
-                .map_err(|_| None)
-                .and_then(|reply| reply.map_err(Some));
+            let reply = tokio::time::timeout(timeout, self.ask(asking.token(), &releasing)).await;
             let reply = match reply {
-                Ok(reply) => reply,
-                Err(error) => {
-                    // The script may have run before the failure was seen.
+                Ok(Ok(reply)) => reply,
+                failed => {
+                    self.releases.put_back(releasing, &self.counts);
                     drop(asking);
+                    let error = match failed {
+                        Ok(Err(error)) => Some(error),
+                        _ => None,
+                    };
+                    if error.is_none() && timeout < self.ceiling.timeout {
+                        // Cut short by the wait budget, not by Redis.
+                        return Err(ShedReason::ClusterLimit);
+                    }
                     self.unreached(error);
                     return self.unreachable();
                 }
             };
             self.reached(asked.elapsed(), &reply);
+            self.counts.released(&releasing, reply.released);
             if reply.admitted {
-                let token = asking.granted();
-                return Ok(Some(self.granted(token)));
+                return Ok(Some(self.granted(asking.granted(), asked)));
             }
             asking.refused();
             self.counts.refused.fetch_add(1, Ordering::Relaxed);
@@ -148,51 +168,71 @@ impl Cluster {
             };
             let hint = Duration::from_millis(reply.earliest_ends_in.max(1));
             let nap = jitter(pause.min(hint));
-            if Instant::now() + nap >= deadline {
+            let now = Instant::now();
+            if now + nap >= deadline {
                 return Err(ShedReason::ClusterLimit);
             }
             tokio::time::sleep(nap).await;
             pause = (pause * 2).min(LONGEST_PAUSE);
+            timeout = self
+                .ceiling
+                .timeout
+                .min(deadline.saturating_duration_since(Instant::now()));
         }
     }
 
-    /// The answer for a call that cannot ask Redis: it is away, or the call
-    /// may not wait for a round trip.
-    pub(crate) fn unreachable(self: &Arc<Self>) -> Leased {
+    /// The answer for a call that cannot ask Redis while it is away.
+    fn unreachable(self: &Arc<Self>) -> Leased {
         match self.ceiling.when_unreachable {
             WhenUnreachable::FailOpen => {
                 self.admitted_without_lease();
                 Ok(None)
             }
             WhenUnreachable::FailClosed => Err(ShedReason::ClusterUnavailable),
-            WhenUnreachable::LocalLimit(limit) => {
-                // Relaxed: the count is the whole of the state it guards.
-                let taken =
-                    self.fallback_held
-                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
-                            (held < limit).then_some(held + 1)
-                        });
-                if taken.is_err() {
+            WhenUnreachable::LocalLimit(_) => {
+                let place = self.fallback.as_ref().and_then(FallbackPlaces::take);
+                let Some(id) = place else {
                     return Err(ShedReason::ClusterUnavailable);
-                }
+                };
                 self.admitted_without_lease();
                 Ok(Some(Lease {
                     cluster: self.clone(),
-                    token: None,
+                    held: Held::Fallback(id),
                 }))
             }
         }
     }
 
-    /// For a call that may not wait for a round trip: admitted (under the
-    /// local limit alone) only under `FailOpen`.
+    /// For a call that may not wait for a round trip, before its local
+    /// claim: only `FailOpen` lets it on (see [`admitted_locally`]).
+    ///
+    /// [`admitted_locally`]: Self::admitted_locally
     pub(crate) fn without_round_trip(&self) -> Result<(), ShedReason> {
         match self.ceiling.when_unreachable {
-            WhenUnreachable::FailOpen => {
-                self.admitted_without_lease();
-                Ok(())
-            }
+            WhenUnreachable::FailOpen => Ok(()),
             _ => Err(ShedReason::ClusterUnavailable),
+        }
+    }
+
+    /// A call that may not wait for a round trip was admitted, under the
+    /// local limit alone.
+    pub(crate) fn admitted_locally(&self) {
+        self.admitted_without_lease();
+    }
+
+    fn admitted_without_lease(&self) {
+        self.counts
+            .admitted_without_lease
+            .fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        self.metrics.admitted_without_lease.increment(1);
+    }
+
+    /// Forgets the places under the fallback limit, as `Bulkhead::reset`
+    /// forgets the slots.
+    pub(crate) fn reset(&self) {
+        if let Some(fallback) = &self.fallback {
+            fallback.clear();
         }
     }
 
@@ -224,14 +264,6 @@ impl Cluster {
     /// Milliseconds since `epoch`, plus one (0 means "not skipping").
     fn millis(&self) -> u64 {
         (self.epoch.elapsed().as_millis() as u64).saturating_add(1)
-    }
-
-    fn admitted_without_lease(&self) {
-        self.counts
-            .admitted_without_lease
-            .fetch_add(1, Ordering::Relaxed);
-        #[cfg(feature = "metrics")]
-        self.metrics.admitted_without_lease.increment(1);
     }
 
     /// Reports Redis answering again, or failing, once per change.
@@ -292,7 +324,7 @@ impl Cluster {
         let _ = error;
     }
 
-    fn connection(&self) -> Result<ConnectionManager, ::redis::RedisError> {
+    pub(super) fn connection(&self) -> Result<ConnectionManager, ::redis::RedisError> {
         if let Some(connection) = self.connection.get() {
             return Ok(connection.clone());
         }
@@ -305,86 +337,45 @@ impl Cluster {
         Ok(self.connection.get_or_init(|| made).clone())
     }
 
-    async fn ask(&self, token: &str) -> Result<Reply, ::redis::RedisError> {
+    /// One script: the leases in `releasing` removed, the expired ones
+    /// dropped, and `token`'s lease added if there is room.
+    async fn ask(&self, token: &str, releasing: &[Release]) -> Result<Reply, ::redis::RedisError> {
         let mut connection = self.connection()?;
-        let reply: (u8, usize, u64, u64) = ACQUIRE
-            .key(&self.key)
-            .arg(self.ceiling.limit)
-            .arg(self.lease_ms)
-            .arg(token)
-            .invoke_async(&mut connection)
-            .await?;
+        let mut script = ACQUIRE.key(&self.key);
+        script.arg(self.ceiling.limit).arg(self.lease_ms).arg(token);
+        for release in releasing.iter().take(BATCH) {
+            script.arg(&release.token);
+        }
+        let reply: (u8, usize, u64, u64, u64) = script.invoke_async(&mut connection).await?;
         Ok(Reply {
             admitted: reply.0 == 1,
             held: reply.1,
             reclaimed: reply.2,
             earliest_ends_in: reply.3,
+            released: reply.4,
         })
     }
 
-    fn granted(self: &Arc<Self>, token: String) -> Lease {
+    fn granted(self: &Arc<Self>, token: String, asked: Instant) -> Lease {
         self.counts.granted.fetch_add(1, Ordering::Relaxed);
         if self.ceiling.renew {
-            let until = Instant::now() + self.renew_for;
-            self.live
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .insert(token.clone(), until);
+            self.releases.live(token.clone(), asked + self.renew_for);
         }
         Lease {
             cluster: self.clone(),
-            token: Some(token),
+            held: Held::Redis { token, asked },
         }
     }
 
-    /// The release task, and the renewal task if asked for: started by the
-    /// first call to ask for a lease, inside its runtime.
-    fn start_background(&self) {
-        if self.releases.get().is_some() {
-            return;
-        }
-        let Ok(connection) = self.connection() else {
-            return;
-        };
-        let (sender, receiver) = mpsc::channel(RELEASE_QUEUE);
-        if self.releases.set(sender).is_err() {
-            return; // another lease started them
-        }
-        tokio::spawn(release_all(
-            connection.clone(),
-            self.key.clone(),
-            self.ceiling.timeout,
-            receiver,
-            self.counts.clone(),
-        ));
-        if self.ceiling.renew {
-            tokio::spawn(renew_all(
-                connection,
-                self.key.clone(),
-                self.lease_ms,
-                self.ceiling.timeout,
-                Arc::downgrade(&self.live),
-            ));
-        }
-    }
-
-    /// Sends `token` to be released (`granted`: known to hold a lease, not
-    /// only maybe); if the queue is full (Redis slow or away), the lease is
-    /// left to run out.
+    /// Queues `token` to be released (`granted`: known to hold a lease, not
+    /// only maybe). The next lease asked for carries it, or, if none is, the
+    /// release task sends it.
     fn release(&self, token: String, granted: bool) {
         if self.ceiling.renew {
-            self.live
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .remove(&token);
+            self.releases.not_live(&token);
         }
-        let sent = self
-            .releases
-            .get()
-            .is_some_and(|releases| releases.try_send(Release { token, granted }).is_ok());
-        if !sent && granted {
-            self.counts.releases_lost.fetch_add(1, Ordering::Relaxed);
-        }
+        self.releases
+            .queue(Release { token, granted }, &self.counts);
     }
 
     pub(crate) fn status(&self) -> ClusterStatus {
@@ -404,7 +395,40 @@ impl Cluster {
             releases_lost: read(&counts.releases_lost),
             errors: read(&counts.errors),
             admitted_without_lease: read(&counts.admitted_without_lease),
-            fallback_held: self.fallback_held.load(Ordering::Relaxed),
+            fallback_held: self.fallback.as_ref().map_or(0, FallbackPlaces::held),
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.releases.close();
+    }
+}
+
+impl Lease {
+    /// Whether the lease may have run out (and been reclaimed by another
+    /// replica) by now: a grant held too long before its call (a service
+    /// polled ready, called much later) must not run on it.
+    pub(crate) fn lapsed(&self) -> bool {
+        match &self.held {
+            Held::Redis { asked, .. } => asked.elapsed() >= self.cluster.lasts,
+            // A place is taken back with its local slot, which the caller
+            // checks.
+            Held::Fallback(_) => false,
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        match std::mem::replace(&mut self.held, Held::Fallback(u64::MAX)) {
+            Held::Redis { token, .. } => self.cluster.release(token, true),
+            Held::Fallback(id) => {
+                if let Some(fallback) = &self.cluster.fallback {
+                    fallback.give_back(id);
+                }
+            }
         }
     }
 }
@@ -438,99 +462,12 @@ impl Drop for Asking<'_> {
     }
 }
 
-impl Drop for Lease {
-    fn drop(&mut self) {
-        match self.token.take() {
-            Some(token) => self.cluster.release(token, true),
-            None => {
-                // Relaxed: as where it was taken.
-                self.cluster.fallback_held.fetch_sub(1, Ordering::Relaxed);
-            }
-        }
-    }
-}
-
-/// A token to remove from the set.
-struct Release {
-    token: String,
-    /// Known to have been granted: a release that removes nothing is late
-    /// (the lease had run out and been reclaimed). Not so for a lease asked
-    /// for and abandoned, which may never have been granted.
-    granted: bool,
-}
-
 struct Reply {
     admitted: bool,
     held: usize,
     reclaimed: u64,
     earliest_ends_in: u64,
-}
-
-/// Gives leases back, many to a `ZREM`. A `ZREM` that removes fewer than it
-/// was sent found the rest reclaimed already: counted late, and it removed
-/// nobody else's.
-async fn release_all(
-    mut connection: ConnectionManager,
-    key: String,
-    timeout: Duration,
-    mut releases: mpsc::Receiver<Release>,
-    counts: Arc<Counts>,
-) {
-    let mut batch = Vec::with_capacity(RELEASE_BATCH);
-    while releases.recv_many(&mut batch, RELEASE_BATCH).await > 0 {
-        let granted = batch.iter().filter(|release| release.granted).count() as u64;
-        let mut zrem = ::redis::cmd("ZREM");
-        zrem.arg(&key);
-        for release in &batch {
-            zrem.arg(&release.token);
-        }
-        let removed = tokio::time::timeout(timeout, zrem.query_async::<u64>(&mut connection)).await;
-        match removed {
-            Ok(Ok(removed)) => {
-                counts.released.fetch_add(removed, Ordering::Relaxed);
-                counts
-                    .released_late
-                    .fetch_add(granted.saturating_sub(removed), Ordering::Relaxed);
-            }
-            // Left to run out.
-            _ => {
-                counts.releases_lost.fetch_add(granted, Ordering::Relaxed);
-            }
-        }
-        batch.clear();
-    }
-}
-
-/// Renews the live leases every third of a lease, each until its
-/// `reclaim_after` has passed; ends with the bulkhead.
-async fn renew_all(
-    mut connection: ConnectionManager,
-    key: String,
-    lease_ms: u64,
-    timeout: Duration,
-    live: Weak<Mutex<HashMap<String, Instant>>>,
-) {
-    let period = Duration::from_millis((lease_ms / 3).max(1));
-    loop {
-        tokio::time::sleep(period).await;
-        let Some(live) = live.upgrade() else { return };
-        let tokens: Vec<String> = {
-            let now = Instant::now();
-            let mut live = live.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            // A permit held past `reclaim_after` has lost its local slot:
-            // its lease runs out too, so a leaked permit frees both.
-            live.retain(|_, until| *until > now);
-            live.keys().cloned().collect()
-        };
-        drop(live);
-        for tokens in tokens.chunks(RELEASE_BATCH) {
-            let mut renew = RENEW.key(&key);
-            renew.arg(lease_ms).arg(tokens);
-            // A failed renewal is tried again next period; a lease it
-            // misses runs out and is reclaimed, as for a dead replica.
-            let _ = tokio::time::timeout(timeout, renew.invoke_async::<u64>(&mut connection)).await;
-        }
-    }
+    released: u64,
 }
 
 /// A token no other permit, in any process, will hold: 128 bits from a

@@ -55,6 +55,8 @@
 
 mod ceiling;
 mod cluster;
+mod fallback;
+mod releases;
 mod script;
 mod status;
 

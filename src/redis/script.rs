@@ -8,16 +8,20 @@ use std::sync::LazyLock;
 ///
 /// `KEYS[1]`: the sorted set of leases (member: a token, score: the lease's
 /// deadline in milliseconds of the server's clock). `ARGV`: the limit, the
-/// lease in milliseconds, the token.
+/// lease in milliseconds, the token, then the tokens of leases this replica
+/// is giving back.
 ///
-/// Drops the expired leases first (they are reclaimed slots, and counted),
-/// then admits or refuses. Replies `{admitted, held, reclaimed, hint}`:
-/// `held` counts the leases after the decision, `hint` is how long until
-/// the earliest lease held runs out (0 when admitted).
+/// Removes the leases given back first (so that a caller's next call never
+/// finds its own last lease still held), then the expired ones (they are
+/// reclaimed slots, and counted), then admits or refuses. Replies
+/// `{admitted, held, reclaimed, hint, released}`: `held` counts the leases
+/// after the decision, `hint` is how long until the earliest lease held
+/// runs out (0 when admitted), `released` how many of those given back were
+/// found.
 ///
-/// `TIME` is read once, before any write: since Redis 7 a script is
-/// replicated by its effects, so reading the clock is allowed, and on 7.0
-/// the clock still moves while a script runs.
+/// `TIME` is read once, before any write: since Redis 5 a script is
+/// replicated by its effects, so reading the clock is allowed, and up to
+/// 7.0 the clock still moves while a script runs.
 pub(super) static ACQUIRE: LazyLock<::redis::Script> = LazyLock::new(|| {
     ::redis::Script::new(
         r"
@@ -25,6 +29,10 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local limit = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
+local released = 0
+if #ARGV > 3 then
+    released = redis.call('ZREM', KEYS[1], unpack(ARGV, 4))
+end
 local reclaimed = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local held = redis.call('ZCARD', KEYS[1])
 if held < limit then
@@ -34,10 +42,10 @@ if held < limit then
     if redis.call('PTTL', KEYS[1]) < 2 * lease then
         redis.call('PEXPIRE', KEYS[1], 2 * lease)
     end
-    return {1, held + 1, reclaimed, 0}
+    return {1, held + 1, reclaimed, 0, released}
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return {0, held, reclaimed, math.max(tonumber(first[2]) - now, 0)}
+return {0, held, reclaimed, math.max(tonumber(first[2]) - now, 0), released}
 ",
     )
 });

@@ -52,6 +52,26 @@ impl RedisServer {
         }
     }
 
+    /// Freezes the server (SIGSTOP) as a stall would: connections stay open,
+    /// commands queue up unanswered.
+    pub(crate) fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a frozen server (SIGCONT).
+    pub(crate) fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().unwrap().id().to_string();
+        assert!(Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .unwrap()
+            .success());
+    }
+
     /// Starts the server (again) on the same port, empty, and waits until
     /// it answers.
     pub(crate) fn restart(&mut self) {
