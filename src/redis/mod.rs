@@ -19,7 +19,12 @@
 //!    meanwhile (so a replica never has more callers asking Redis than its
 //!    own limit).
 //! 3. The permit holds both. Dropping it frees the local slot at once and
-//!    removes the lease in the background.
+//!    queues the lease's release: the next lease this replica asks for
+//!    carries it (so its next call never finds its own last lease held), or
+//!    a background task sends it.
+//!
+//! A service polled ready holds its slot and lease until its `call`: if the
+//! lease may have run out by then, the call is shed and both go back.
 //!
 //! Leases live in one sorted set per ceiling name: member a random token per
 //! permit, score the lease's deadline on the Redis server's clock (so client
@@ -37,6 +42,12 @@
 //! under a smaller local limit. Then, for [`backoff`](ClusterCeiling::backoff),
 //! calls skip Redis and do the same without paying the timeout; after it, one
 //! call asks again. A permit always releases to where it was granted.
+//!
+//! Leases are asked for with Tokio's timers and a task of the bulkhead's
+//! own: a bulkhead with a ceiling needs a Tokio runtime (with its time
+//! driver) wherever it takes permits through `acquire` or a layer. Redis 5
+//! or later, a single node (the key's hash tag is ready for Redis Cluster,
+//! the client is not).
 //!
 //! The calls that may never wait for a round trip
 //! ([`Bulkhead::try_acquire`](crate::Bulkhead::try_acquire) and its kin)
