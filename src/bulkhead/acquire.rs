@@ -113,16 +113,15 @@ impl Acquire {
                     let reason = match shared.try_claim_weighted(this.ticket.get_weight(), now) {
                         Ok(claim) => {
                             let granted = Granted::new(this.shared.clone(), claim);
-                            match Self::lease_next(this.shared, *this.arrived, granted) {
-                                Ok(leasing) => {
-                                    this.state.set(leasing);
-                                    continue;
-                                }
-                                Err(granted) => {
-                                    this.state.set(State::Done);
-                                    return Poll::Ready(Ok(granted));
-                                }
+                            if let Some(done) = Self::then_lease(
+                                this.state.as_mut(),
+                                this.shared,
+                                *this.arrived,
+                                granted,
+                            ) {
+                                return done;
                             }
+                            continue;
                         }
                         Err(reason) => reason,
                     };
@@ -160,16 +159,15 @@ impl Acquire {
                                 // after all, so waiting pays.
                                 shared.signal_wait_ended(WaitEnd::Admitted, true);
                             }
-                            match Self::lease_next(this.shared, *this.arrived, granted) {
-                                Ok(leasing) => {
-                                    this.state.set(leasing);
-                                    continue;
-                                }
-                                Err(granted) => {
-                                    this.state.set(State::Done);
-                                    return Poll::Ready(Ok(granted));
-                                }
+                            if let Some(done) = Self::then_lease(
+                                this.state.as_mut(),
+                                this.shared,
+                                *this.arrived,
+                                granted,
+                            ) {
+                                return done;
                             }
+                            continue;
                         }
                         refused => {
                             let reason = match refused {
@@ -230,16 +228,15 @@ impl Acquire {
                     place.record(end);
                     let outcome = outcome.map_err(|reason| place.shared.saturated(reason));
                     if let Ok(granted) = outcome {
-                        match Self::lease_next(this.shared, *this.arrived, granted) {
-                            Ok(leasing) => {
-                                this.state.set(leasing);
-                                continue;
-                            }
-                            Err(granted) => {
-                                this.state.set(State::Done);
-                                return Poll::Ready(Ok(granted));
-                            }
+                        if let Some(done) = Self::then_lease(
+                            this.state.as_mut(),
+                            this.shared,
+                            *this.arrived,
+                            granted,
+                        ) {
+                            return done;
                         }
+                        continue;
                     }
                     this.state.set(State::Done);
                     return Poll::Ready(outcome);
@@ -269,25 +266,31 @@ impl Acquire {
             }
         }
     }
-}
 
-impl Acquire {
-    /// After its local slots, a caller's lease under the cluster ceiling, if
-    /// there is one: the state that asks for it, or the grant back as it is.
-    fn lease_next(
+    /// A caller has its local slots: it asks for its lease under the
+    /// cluster ceiling next (`None`: poll on), or, without a ceiling, it is
+    /// done with them.
+    fn then_lease(
+        mut state: Pin<&mut State>,
         shared: &Arc<Shared>,
         arrived: Option<tokio::time::Instant>,
         granted: Granted,
-    ) -> Result<State, Granted> {
+    ) -> Option<Poll<Result<Granted, ServiceSaturated>>> {
         let deadline = arrived
             .zip(shared.config().wait)
             .and_then(|(arrived, wait)| arrived.checked_add(shared.wait_budget(wait)));
         match Leasing::start(shared, deadline) {
-            Some(leasing) => Ok(State::Leasing {
-                granted: Some(granted),
-                leasing,
-            }),
-            None => Err(granted),
+            Some(leasing) => {
+                state.set(State::Leasing {
+                    granted: Some(granted),
+                    leasing,
+                });
+                None
+            }
+            None => {
+                state.set(State::Done);
+                Some(Poll::Ready(Ok(granted)))
+            }
         }
     }
 }
