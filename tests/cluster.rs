@@ -865,3 +865,162 @@ async fn one_caller_one_call_at_a_time_is_never_shed_by_its_own_lease_on_many_th
     let server = RedisServer::start();
     assert_eq!(refused_of_sequential_calls(&server).await, 0);
 }
+
+/// Polls `future` once, then drops it: a caller that gives up (a client
+/// gone, a `timeout`, a `select!`).
+async fn poll_once_then_drop<F: std::future::Future>(future: F) {
+    let mut future = Box::pin(future);
+    std::future::poll_fn(|cx| {
+        let _ = future.as_mut().poll(cx);
+        std::task::Poll::Ready(())
+    })
+    .await;
+}
+
+/// An ask carries the releases queued; abandoned before its answer, it
+/// queues them again.
+#[tokio::test]
+async fn a_release_carried_by_an_abandoned_ask_is_sent_again() {
+    let server = RedisServer::start();
+    let bulkhead = bulkhead(&server, "carried", 4, 1);
+    drop(bulkhead.acquire().await.unwrap()); // its release queued
+    poll_once_then_drop(bulkhead.acquire()).await; // carried, then abandoned
+    until_leases(&server, "carried", 0).await;
+    assert!(bulkhead.acquire().await.is_ok());
+}
+
+/// The same when the ask is turned away by `close()`, mid-ask.
+#[tokio::test]
+async fn a_release_carried_by_an_ask_turned_away_by_close_is_sent_again() {
+    let server = RedisServer::start();
+    let (closing, other) = (
+        bulkhead(&server, "closed", 4, 1),
+        bulkhead(&server, "closed", 4, 1),
+    );
+    drop(closing.acquire().await.unwrap());
+    let asking = tokio::spawn({
+        let closing = closing.clone();
+        async move {
+            closing
+                .acquire()
+                .await
+                .map(drop)
+                .map_err(|shed| shed.reason())
+        }
+    });
+    closing.close();
+    let outcome = asking.await.unwrap();
+    assert!(
+        outcome.is_ok() || outcome == Err(ShedReason::Closed),
+        "{outcome:?}"
+    );
+    until_leases(&server, "closed", 0).await;
+    assert!(other.acquire().await.is_ok());
+}
+
+/// A permit that outlives its bulkhead (a configuration reloaded), or the
+/// last permit dropped just before its bulkhead: the release is still sent.
+#[tokio::test]
+async fn releases_queued_as_the_bulkhead_goes_are_still_sent() {
+    let server = RedisServer::start();
+    let outlived = bulkhead(&server, "gone-first", 4, 1);
+    let permit = outlived.acquire().await.unwrap();
+    drop(outlived);
+    drop(permit);
+    until_leases(&server, "gone-first", 0).await;
+
+    let graceful = bulkhead(&server, "gone-last", 4, 1);
+    let permit = graceful.acquire().await.unwrap();
+    drop(permit);
+    drop(graceful);
+    until_leases(&server, "gone-last", 0).await;
+}
+
+/// The connection is made again in a later runtime when the one that made
+/// it has shut down: the first call there gets a lease, not an error.
+#[test]
+fn the_connection_is_made_again_in_a_later_runtime() {
+    let server = RedisServer::start();
+    let bulkhead = Bulkhead::new(
+        Config::new(4, LONG).cluster_ceiling(
+            ClusterCeiling::new(server.client(), "runtimes-closed", 2)
+                .when_unreachable(WhenUnreachable::FailClosed),
+        ),
+    );
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    runtime().block_on(async { drop(bulkhead.acquire().await.unwrap()) });
+    runtime().block_on(async {
+        drop(bulkhead.acquire().await.unwrap());
+        let cluster = bulkhead.status().cluster.unwrap();
+        assert_eq!((cluster.leases_granted, cluster.errors), (2, 0));
+        until_leases(&server, "runtimes-closed", 0).await;
+    });
+}
+
+/// A ready grant under `LocalLimit(1)` called after `reclaim_after`: its
+/// place was taken back, so the call is shed, never run beside the next
+/// holder of that place.
+#[tokio::test]
+async fn a_ready_grant_whose_fallback_place_was_taken_back_is_shed() {
+    let mut server = RedisServer::start();
+    let reclaim_after = Duration::from_millis(200);
+    let layer = ConcurrencyLayer::new(
+        Config::new(4, reclaim_after).cluster_ceiling(
+            ClusterCeiling::new(server.client(), "late-place", 10)
+                .timeout(Duration::from_millis(50))
+                .backoff(Duration::from_secs(60))
+                .when_unreachable(WhenUnreachable::LocalLimit(1)),
+        ),
+    );
+    server.stop();
+    let mut service = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(service_fn(|_: ()| async { Ok::<_, BoxError>(()) }));
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .unwrap();
+    assert_eq!(layer.bulkhead().status().cluster.unwrap().fallback_held, 1);
+    tokio::time::sleep(reclaim_after * 2).await;
+    let late = service.call(()).await.unwrap_err();
+    assert_eq!(
+        late.downcast_ref::<ServiceSaturated>().unwrap().reason(),
+        ShedReason::ClusterLimit
+    );
+    let next = layer.bulkhead().acquire().await.unwrap();
+    assert_eq!(layer.bulkhead().in_flight(), 1);
+    assert_eq!(layer.bulkhead().status().cluster.unwrap().fallback_held, 1);
+    drop(next);
+}
+
+/// A release whose `ZREM` fails (the server closed the connection) is sent
+/// again after a backoff, with nothing else happening; the failure counts.
+#[tokio::test]
+async fn a_failed_release_is_sent_again_after_a_backoff() {
+    let server = RedisServer::start();
+    let bulkhead = Bulkhead::new(Config::new(4, LONG).cluster_ceiling(
+        ClusterCeiling::new(server.client(), "put-back", 1).backoff(Duration::from_millis(200)),
+    ));
+    let permit = bulkhead.acquire().await.unwrap();
+    let mut admin = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("SKIPME")
+        .arg("yes")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    drop(permit);
+    until_leases(&server, "put-back", 0).await;
+    let cluster = bulkhead.status().cluster.unwrap();
+    assert_eq!((cluster.leases_released, cluster.releases_lost), (1, 0));
+    assert!(cluster.errors >= 1, "the first ZREM failed: {cluster:?}");
+}

@@ -242,9 +242,8 @@ impl Acquire {
                     return Poll::Ready(outcome);
                 }
                 StateProj::Leasing { granted, leasing } => {
-                    // Polled at least at every pause between asks: a close
-                    // or a cancel reaches a caller asking within one.
-                    let leased = match leasing.turned_away(this.shared) {
+                    // A close or a cancel wakes a caller asking, mid-ask.
+                    let leased = match leasing.turned_away(this.shared, cx) {
                         Some(reason) => Err(reason),
                         None => ready!(leasing.poll(cx)),
                     };

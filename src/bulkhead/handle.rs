@@ -412,6 +412,7 @@ impl Bulkhead {
     /// ```
     pub fn close(&self) {
         self.shared.waiters.close();
+        self.shared.turn_away_leasing();
     }
 
     /// Whether [`close`](Self::close) was called.
@@ -423,6 +424,7 @@ impl Bulkhead {
     /// [`ShedReason::Cancelled`](crate::ShedReason::Cancelled); callers arriving later wait as usual.
     pub fn cancel_waiting(&self) {
         self.shared.waiters.cancel();
+        self.shared.turn_away_leasing();
     }
 
     /// Resolves once no call is in flight and nobody is waiting, or fails

@@ -41,6 +41,9 @@ pub(crate) struct Leasing {
     /// reached through `&mut`, with `get_mut`, which takes no lock.
     #[cfg(feature = "redis")]
     asking: std::sync::Mutex<BoxedLease>,
+    /// Woken by a close or a cancel, which `turned_away` then sees.
+    #[cfg(feature = "redis")]
+    woken: std::pin::Pin<Box<tokio::sync::futures::OwnedNotified>>,
     #[cfg(not(feature = "redis"))]
     never: std::convert::Infallible,
 }
@@ -55,7 +58,12 @@ impl Leasing {
         deadline: Option<tokio::time::Instant>,
     ) -> Option<Self> {
         let cluster = shared.cluster()?.clone();
+        // Listening before the count is read: a cancel after the read wakes
+        // this caller.
+        let mut woken = Box::pin(shared.turned_away().clone().notified_owned());
+        woken.as_mut().enable();
         Some(Self {
+            woken,
             cancels_seen: shared.waiters().cancels(),
             asking: std::sync::Mutex::new(Box::pin(cluster.lease(deadline))),
         })
@@ -68,8 +76,17 @@ impl Leasing {
     }
 
     /// Why the caller is turned away before its lease comes, if it is: the
-    /// bulkhead was closed, or its waiting callers cancelled.
-    pub(crate) fn turned_away(&self, shared: &Shared) -> Option<ShedReason> {
+    /// bulkhead was closed, or its waiting callers cancelled. Wakes the
+    /// caller when that happens.
+    pub(crate) fn turned_away(
+        &mut self,
+        shared: &Shared,
+        cx: &mut Context<'_>,
+    ) -> Option<ShedReason> {
+        #[cfg(feature = "redis")]
+        let _ = std::future::Future::poll(self.woken.as_mut(), cx);
+        #[cfg(not(feature = "redis"))]
+        let _ = cx;
         if shared.waiters().is_closed() {
             Some(ShedReason::Closed)
         } else if shared.waiters().cancels() != self.cancels_seen {

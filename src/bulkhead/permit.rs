@@ -262,6 +262,10 @@ impl ByteReservation {
 impl Drop for Permit {
     #[inline(always)]
     fn drop(&mut self) {
+        // The lease first: a local caller handed the slot asks for its own
+        // lease next, which carries this one's release.
+        #[cfg(feature = "redis")]
+        drop(self.lease.take());
         self.shared.let_go(&self.claim, self.share);
     }
 }

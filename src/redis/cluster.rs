@@ -4,11 +4,10 @@
 use crate::error::ShedReason;
 use crate::observe::{Event, Hook};
 use crate::redis::fallback::FallbackPlaces;
-use crate::redis::releases::{Release, Releases, BATCH};
+use crate::redis::releases::{Outbox, Release, Sending};
 use crate::redis::script::ACQUIRE;
 use crate::redis::{ClusterCeiling, ClusterStatus, WhenUnreachable};
 use crate::Config;
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -33,15 +32,14 @@ pub(crate) struct Cluster {
     lasts: Duration,
     /// The bulkhead's `reclaim_after`: how long a lease is renewed.
     renew_for: Duration,
-    /// Made on first use, inside a runtime: the manager spawns its tasks.
-    connection: OnceLock<ConnectionManager>,
-    pub(super) releases: Releases,
+    /// The releases queued, the connection, and the task that sends them.
+    outbox: Arc<Outbox>,
     /// While Redis is skipped after a failure: until when, in milliseconds
     /// since `epoch` plus one; 0 while Redis answers.
     skip_until: AtomicU64,
     epoch: Instant,
     fallback: Option<FallbackPlaces>,
-    pub(super) counts: Counts,
+    counts: Arc<Counts>,
     on_event: Option<Hook>,
     #[cfg(feature = "metrics")]
     metrics: metrics::ClusterMetrics,
@@ -56,7 +54,8 @@ pub(super) struct Counts {
     pub(super) released: AtomicU64,
     pub(super) released_late: AtomicU64,
     pub(super) releases_lost: AtomicU64,
-    errors: AtomicU64,
+    /// Commands that failed or timed out: asks, releases, renewals.
+    pub(super) errors: AtomicU64,
     admitted_without_lease: AtomicU64,
     held_seen: AtomicUsize,
     round_trip_micros: AtomicU64,
@@ -85,6 +84,9 @@ impl Cluster {
     pub(crate) fn new(ceiling: ClusterCeiling, config: &Config) -> Self {
         let reclaim_after = config.reclaim_after;
         let lease = ceiling.lease_or(reclaim_after);
+        let counts = Arc::new(Counts::default());
+        // `validate` keeps the lease within a year: no overflow.
+        let lease_ms = lease.as_millis() as u64;
         let fallback = match ceiling.when_unreachable {
             WhenUnreachable::LocalLimit(limit) => Some(FallbackPlaces::new(limit, reclaim_after)),
             _ => None,
@@ -97,8 +99,8 @@ impl Cluster {
                 ceiling.limit,
             ),
             key: ceiling.key(),
-            // `validate` keeps the lease within a year: no overflow.
-            lease_ms: lease.as_millis() as u64,
+            lease_ms,
+            outbox: Arc::new(Outbox::new(&ceiling, lease_ms, counts.clone())),
             lasts: if ceiling.renew {
                 lease.max(reclaim_after)
             } else {
@@ -106,12 +108,10 @@ impl Cluster {
             },
             renew_for: reclaim_after,
             ceiling,
-            connection: OnceLock::new(),
-            releases: Releases::default(),
             skip_until: AtomicU64::new(0),
             epoch: Instant::now(),
             fallback,
-            counts: Counts::default(),
+            counts,
         }
     }
 
@@ -128,7 +128,6 @@ impl Cluster {
             if !self.may_ask() {
                 return self.unreachable();
             }
-            self.releases.ensure_task(&self);
             // Released if this future is dropped, or the ask times out or
             // fails, after the script may have run: the token is ours, so a
             // release never takes anyone else's lease.
@@ -136,14 +135,15 @@ impl Cluster {
                 cluster: &self,
                 token: Some(new_token()),
             };
-            let releasing = self.releases.take();
+            // The releases this ask carries: queued again unless it is
+            // answered.
+            let sending = self.outbox.sending();
             let asked = Instant::now();
-            let reply = tokio::time::timeout(timeout, self.ask(asking.token(), &releasing)).await;
+            let reply = tokio::time::timeout(timeout, self.ask(asking.token(), &sending)).await;
             let reply = match reply {
                 Ok(Ok(reply)) => reply,
                 failed => {
-                    self.releases.put_back(releasing, &self.counts);
-                    drop(asking);
+                    drop((sending, asking));
                     let error = match failed {
                         Ok(Err(error)) => Some(error),
                         _ => None,
@@ -157,7 +157,7 @@ impl Cluster {
                 }
             };
             self.reached(asked.elapsed(), &reply);
-            self.counts.released(&releasing, reply.released);
+            sending.sent(reply.released);
             if reply.admitted {
                 return Ok(Some(self.granted(asking.granted(), asked)));
             }
@@ -178,6 +178,9 @@ impl Cluster {
                 .ceiling
                 .timeout
                 .min(deadline.saturating_duration_since(Instant::now()));
+            if timeout.is_zero() {
+                return Err(ShedReason::ClusterLimit);
+            }
         }
     }
 
@@ -324,27 +327,18 @@ impl Cluster {
         let _ = error;
     }
 
-    pub(super) fn connection(&self) -> Result<ConnectionManager, ::redis::RedisError> {
-        if let Some(connection) = self.connection.get() {
-            return Ok(connection.clone());
-        }
-        let timeout = Some(self.ceiling.timeout);
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(timeout)
-            .set_response_timeout(timeout)
-            .set_number_of_retries(1);
-        let made = ConnectionManager::new_lazy_with_config(self.ceiling.client.clone(), config)?;
-        Ok(self.connection.get_or_init(|| made).clone())
-    }
-
     /// One script: the leases in `releasing` removed, the expired ones
     /// dropped, and `token`'s lease added if there is room.
-    async fn ask(&self, token: &str, releasing: &[Release]) -> Result<Reply, ::redis::RedisError> {
-        let mut connection = self.connection()?;
+    async fn ask(
+        &self,
+        token: &str,
+        releasing: &Sending<'_>,
+    ) -> Result<Reply, ::redis::RedisError> {
+        let mut connection = self.outbox.connection()?;
         let mut script = ACQUIRE.key(&self.key);
         script.arg(self.ceiling.limit).arg(self.lease_ms).arg(token);
-        for release in releasing.iter().take(BATCH) {
-            script.arg(&release.token);
+        for token in releasing.tokens() {
+            script.arg(token);
         }
         let reply: (u8, usize, u64, u64, u64) = script.invoke_async(&mut connection).await?;
         Ok(Reply {
@@ -359,7 +353,7 @@ impl Cluster {
     fn granted(self: &Arc<Self>, token: String, asked: Instant) -> Lease {
         self.counts.granted.fetch_add(1, Ordering::Relaxed);
         if self.ceiling.renew {
-            self.releases.live(token.clone(), asked + self.renew_for);
+            self.outbox.live(token.clone(), asked + self.renew_for);
         }
         Lease {
             cluster: self.clone(),
@@ -371,11 +365,11 @@ impl Cluster {
     /// only maybe). The next lease asked for carries it, or, if none is, the
     /// release task sends it.
     fn release(&self, token: String, granted: bool) {
-        if self.ceiling.renew {
-            self.releases.not_live(&token);
-        }
-        self.releases
-            .queue(Release { token, granted }, &self.counts);
+        self.outbox.queue(Release {
+            token,
+            granted,
+            resent: false,
+        });
     }
 
     pub(crate) fn status(&self) -> ClusterStatus {
@@ -402,7 +396,7 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        self.releases.close();
+        self.outbox.close();
     }
 }
 
@@ -413,9 +407,12 @@ impl Lease {
     pub(crate) fn lapsed(&self) -> bool {
         match &self.held {
             Held::Redis { asked, .. } => asked.elapsed() >= self.cluster.lasts,
-            // A place is taken back with its local slot, which the caller
-            // checks.
-            Held::Fallback(_) => false,
+            // Taken back after `reclaim_after`, as its local slot is.
+            Held::Fallback(id) => !self
+                .cluster
+                .fallback
+                .as_ref()
+                .is_some_and(|fallback| fallback.holds(*id)),
         }
     }
 }

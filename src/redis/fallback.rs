@@ -61,6 +61,14 @@ impl FallbackPlaces {
         self.places().retain(|&(held, _)| held != id);
     }
 
+    /// Whether place `id` is still held (not given back, not taken back).
+    pub(super) fn holds(&self, id: u64) -> bool {
+        let now = Instant::now();
+        self.places()
+            .iter()
+            .any(|&(held, until)| held == id && until > now)
+    }
+
     pub(super) fn held(&self) -> usize {
         let now = Instant::now();
         self.places()

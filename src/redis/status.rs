@@ -32,7 +32,8 @@ pub struct ClusterStatus {
     /// Releases that never reached Redis (it failed, or too many were
     /// queued): those leases run out on their own.
     pub releases_lost: u64,
-    /// Commands to Redis that failed or timed out.
+    /// Commands to Redis that failed or timed out: lease requests,
+    /// releases and renewals.
     pub errors: u64,
     /// Calls admitted without a lease, while Redis was unreachable (under
     /// [`FailOpen`](crate::redis::WhenUnreachable::FailOpen) or
