@@ -331,3 +331,50 @@ fn at_a_large_limit_threads_filling_the_table_never_exceed_it() {
     assert!(bulkhead.try_acquire().is_err());
     drop(all);
 }
+
+/// `limit` callers each holding at most one slot at a time, on two threads,
+/// moving between slots as tasks migrate: at every moment a slot is free
+/// for the caller that asks, so none is ever shed. A search that looked
+/// while another caller released a slot ahead of it and took one behind it
+/// once saw every slot held.
+#[test]
+fn callers_that_each_hold_one_slot_at_most_are_never_shed_on_many_threads() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        for limit in [2, 3, 5, 8] {
+            let bulkhead = Bulkhead::new(Config::new(limit, Duration::from_secs(30)));
+            let callers: Vec<_> = (0..limit)
+                .map(|caller| {
+                    let bulkhead = bulkhead.clone();
+                    tokio::spawn(async move {
+                        let mut shed = 0;
+                        for n in 0..50_000usize {
+                            match bulkhead.try_acquire() {
+                                Ok(permit) => {
+                                    if (n + caller) % 3 == 0 {
+                                        tokio::task::yield_now().await;
+                                    }
+                                    drop(permit);
+                                }
+                                Err(_) => shed += 1,
+                            }
+                            if n % 7 == 0 {
+                                tokio::task::yield_now().await;
+                            }
+                        }
+                        shed
+                    })
+                })
+                .collect();
+            let mut shed = 0;
+            for caller in callers {
+                shed += caller.await.unwrap();
+            }
+            assert_eq!(shed, 0, "limit {limit}: shed beside a free slot");
+            assert_eq!(bulkhead.in_flight(), 0);
+        }
+    });
+}

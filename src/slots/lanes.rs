@@ -142,6 +142,17 @@ impl Lanes {
         }
     }
 
+    /// How many slots have been counted out, on every lane: it moves
+    /// whenever a release completes. The fence acquires what the releases
+    /// read did before them.
+    pub(crate) fn counted_out(&self) -> u64 {
+        let counted_out = self.in_use().fold(0u64, |sum, lane| {
+            sum.wrapping_add(lane.counted_out.load(Ordering::Relaxed))
+        });
+        fence(Ordering::Acquire);
+        counted_out
+    }
+
     /// The lanes that may have been written: those handed out, and the
     /// shared one.
     fn in_use(&self) -> impl Iterator<Item = &Lane> {

@@ -47,6 +47,10 @@ pub(crate) const MAX_DEADLINE: u64 = u64::MAX >> GENERATION_BITS;
 /// The largest `limit` a bulkhead accepts: what a claim's index can name.
 pub(crate) const MAX_SLOTS: usize = 1 << 20;
 
+/// How many times a search that found every slot held looks again because
+/// releases were counted while it looked.
+const RECHECKS: usize = 4;
+
 /// Tables up to this many slots put each slot on a cache line of its own.
 pub(crate) const SMALL_TABLE: usize = 1024;
 
@@ -255,18 +259,80 @@ impl SlotTable {
         start: usize,
         held_until: u64,
     ) -> Option<(usize, u64, u64)> {
+        // Releases counted before the search: if none is counted while it
+        // looks, a search that finds every slot held can be trusted (see
+        // `search_again`).
+        let released = self.lanes.counted_out();
+        // At least `Acquire`: a slot seen taken by a caller that had just
+        // released another acquires the count out it made first.
+        let order = match order {
+            Ordering::Relaxed => Ordering::Acquire,
+            order => order,
+        };
         let mut found = None;
         self.look(now, order, start, Want::Take { held_until }, |taken| {
             found = Some(taken);
         });
-        found
+        if found.is_some() || self.lanes.counted_out() == released {
+            return found;
+        }
+        self.search_again(now, start, held_until)
+    }
+
+    /// A search that found every slot held, while releases were counted, may
+    /// have looked while another caller moved: released a slot the search
+    /// had not reached yet, then took one it had passed. Each slot was held
+    /// when it looked, yet one was free all along. A caller counts its
+    /// release out before it claims again, so the search looks again until
+    /// no release was counted while it looked (a few times at most: under
+    /// such churn a slot comes free soon, or the caller is shed).
+    #[cold]
+    #[inline(never)]
+    fn search_again(&self, now: u64, start: usize, held_until: u64) -> Option<(usize, u64, u64)> {
+        let mut released = self.lanes.counted_out();
+        for _ in 0..RECHECKS {
+            let mut found = None;
+            // `SeqCst` loads: a slot seen taken by a caller that moved
+            // acquires the count out it made before.
+            self.look(
+                now,
+                Ordering::SeqCst,
+                start,
+                Want::Take { held_until },
+                |taken| {
+                    found = Some(taken);
+                },
+            );
+            if found.is_some() {
+                return found;
+            }
+            let now_released = self.lanes.counted_out();
+            if now_released == released {
+                return None;
+            }
+            released = now_released;
+        }
+        None
     }
 
     /// Whether at least `wanted` slots are free at `now`, without taking
     /// them.
     pub(crate) fn has_free(&self, now: u64, wanted: usize) -> bool {
         let start = lanes::current().start(self.len);
-        self.look(now, Ordering::SeqCst, start, Want::Count(wanted), |_| {}) >= wanted
+        // Looked at again while releases were counted meanwhile, as for
+        // `search_again`.
+        let mut released = self.lanes.counted_out();
+        for _ in 0..=RECHECKS {
+            if self.look(now, Ordering::SeqCst, start, Want::Count(wanted), |_| {}) >= wanted {
+                return true;
+            }
+            let now_released = self.lanes.counted_out();
+            if now_released == released {
+                return false;
+            }
+            released = now_released;
+        }
+        false
     }
 
     /// Whether any slot is free at `now`, without taking it.
