@@ -835,16 +835,33 @@ async fn close_and_cancel_turn_away_a_caller_waiting_for_the_ceiling() {
     drop(held);
 }
 
-/// One caller making 100 calls one at a time under a ceiling of 1: how
-/// many were refused.
-async fn refused_of_sequential_calls(server: &RedisServer) -> usize {
-    let bulkhead = bulkhead(server, "sequential", 1, 1);
+/// `callers` callers each making `calls` calls one at a time, under a
+/// ceiling of as many: how many were refused.
+async fn refused_of_sequential_calls(server: &RedisServer, callers: usize, calls: usize) -> usize {
+    let bulkhead = bulkhead(server, "sequential", callers, callers);
+    let callers: Vec<_> = (0..callers)
+        .map(|_| tokio::spawn(refused_of(bulkhead.clone(), calls)))
+        .collect();
     let mut refused = 0;
-    for _ in 0..100 {
+    for caller in callers {
+        refused += caller.await.unwrap();
+    }
+    refused
+}
+
+async fn refused_of(bulkhead: Bulkhead, calls: usize) -> usize {
+    let mut refused = 0;
+    for _ in 0..calls {
         match bulkhead.acquire().await {
             Ok(permit) => drop(permit),
             Err(shed) => {
-                assert_eq!(shed.reason(), ShedReason::ClusterLimit);
+                assert_eq!(
+                    shed.reason(),
+                    ShedReason::ClusterLimit,
+                    "in flight {}, {:?}",
+                    bulkhead.in_flight(),
+                    bulkhead.status()
+                );
                 refused += 1;
             }
         }
@@ -852,18 +869,20 @@ async fn refused_of_sequential_calls(server: &RedisServer) -> usize {
     refused
 }
 
-/// A permit's release rides on the next lease asked for: one caller making
-/// one call at a time is never refused for its own last lease.
+/// Every lease request carries the newest releases pending, whoever's they
+/// are: callers making one call at a time, never more than the ceiling in
+/// all, are never refused for their own last lease, on any thread.
 #[tokio::test]
 async fn one_caller_one_call_at_a_time_is_never_shed_by_its_own_lease() {
     let server = RedisServer::start();
-    assert_eq!(refused_of_sequential_calls(&server).await, 0);
+    assert_eq!(refused_of_sequential_calls(&server, 1, 500).await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_caller_one_call_at_a_time_is_never_shed_by_its_own_lease_on_many_threads() {
+async fn callers_one_call_at_a_time_are_never_shed_by_their_own_leases_on_many_threads() {
     let server = RedisServer::start();
-    assert_eq!(refused_of_sequential_calls(&server).await, 0);
+    assert_eq!(refused_of_sequential_calls(&server, 1, 3_000).await, 0);
+    assert_eq!(refused_of_sequential_calls(&server, 2, 2_000).await, 0);
 }
 
 /// Polls `future` once, then drops it: a caller that gives up (a client

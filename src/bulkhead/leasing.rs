@@ -83,8 +83,13 @@ impl Leasing {
         shared: &Shared,
         cx: &mut Context<'_>,
     ) -> Option<ShedReason> {
+        // Woken once, by a close or a cancel that may have come before this
+        // caller read its count: listen again, for the next one.
         #[cfg(feature = "redis")]
-        let _ = std::future::Future::poll(self.woken.as_mut(), cx);
+        while std::future::Future::poll(self.woken.as_mut(), cx).is_ready() {
+            self.woken = Box::pin(shared.turned_away().clone().notified_owned());
+            self.woken.as_mut().enable();
+        }
         #[cfg(not(feature = "redis"))]
         let _ = cx;
         if shared.waiters().is_closed() {

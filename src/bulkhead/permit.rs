@@ -238,6 +238,9 @@ impl Granted {
 
 impl Drop for Granted {
     fn drop(&mut self) {
+        // The lease first, as for a permit.
+        #[cfg(feature = "redis")]
+        drop(self.lease.take());
         if let Some(claim) = self.claim.take() {
             self.shared.give_back_unused(&claim);
         }

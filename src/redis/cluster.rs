@@ -4,7 +4,7 @@
 use crate::error::ShedReason;
 use crate::observe::{Event, Hook};
 use crate::redis::fallback::FallbackPlaces;
-use crate::redis::releases::{Outbox, Release, Sending};
+use crate::redis::releases::{Carried, Outbox, Release};
 use crate::redis::script::ACQUIRE;
 use crate::redis::{ClusterCeiling, ClusterStatus, WhenUnreachable};
 use crate::Config;
@@ -135,15 +135,15 @@ impl Cluster {
                 cluster: &self,
                 token: Some(new_token()),
             };
-            // The releases this ask carries: queued again unless it is
-            // answered.
-            let sending = self.outbox.sending();
+            // The newest releases pending, this replica's last among them:
+            // removed before this request counts.
+            let carried = self.outbox.newest();
             let asked = Instant::now();
-            let reply = tokio::time::timeout(timeout, self.ask(asking.token(), &sending)).await;
+            let reply = tokio::time::timeout(timeout, self.ask(asking.token(), &carried)).await;
             let reply = match reply {
                 Ok(Ok(reply)) => reply,
                 failed => {
-                    drop((sending, asking));
+                    drop((carried, asking));
                     let error = match failed {
                         Ok(Err(error)) => Some(error),
                         _ => None,
@@ -157,7 +157,7 @@ impl Cluster {
                 }
             };
             self.reached(asked.elapsed(), &reply);
-            sending.sent(reply.released);
+            carried.answered(&reply.released);
             if reply.admitted {
                 return Ok(Some(self.granted(asking.granted(), asked)));
             }
@@ -332,7 +332,7 @@ impl Cluster {
     async fn ask(
         &self,
         token: &str,
-        releasing: &Sending<'_>,
+        releasing: &Carried<'_>,
     ) -> Result<Reply, ::redis::RedisError> {
         let mut connection = self.outbox.connection()?;
         let mut script = ACQUIRE.key(&self.key);
@@ -340,7 +340,7 @@ impl Cluster {
         for token in releasing.tokens() {
             script.arg(token);
         }
-        let reply: (u8, usize, u64, u64, u64) = script.invoke_async(&mut connection).await?;
+        let reply: (u8, usize, u64, u64, Vec<u8>) = script.invoke_async(&mut connection).await?;
         Ok(Reply {
             admitted: reply.0 == 1,
             held: reply.1,
@@ -365,10 +365,10 @@ impl Cluster {
     /// only maybe). The next lease asked for carries it, or, if none is, the
     /// release task sends it.
     fn release(&self, token: String, granted: bool) {
-        self.outbox.queue(Release {
+        self.outbox.release(Release {
             token,
             granted,
-            resent: false,
+            maybe_removed: false,
         });
     }
 
@@ -464,7 +464,8 @@ struct Reply {
     held: usize,
     reclaimed: u64,
     earliest_ends_in: u64,
-    released: u64,
+    /// For each release carried: 1 if it was found and removed.
+    released: Vec<u8>,
 }
 
 /// A token no other permit, in any process, will hold: 128 bits from a

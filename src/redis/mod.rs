@@ -18,10 +18,11 @@
 //!    or, with a `wait` budget, asks again within it, holding its local slot
 //!    meanwhile (so a replica never has more callers asking Redis than its
 //!    own limit).
-//! 3. The permit holds both. Dropping it frees the local slot at once and
-//!    queues the lease's release: the next lease this replica asks for
-//!    carries it (so its next call never finds its own last lease held), or
-//!    a background task sends it.
+//! 3. The permit holds both. Dropping it adds the lease's release to the
+//!    replica's pending releases and frees the local slot. Every lease
+//!    request carries the newest pending releases (so a caller's next call
+//!    never finds its own last lease held), and a background task sends
+//!    them when no request comes.
 //!
 //! A service polled ready holds its slot and lease until its `call`: if the
 //! lease may have run out by then, the call is shed and both go back.
@@ -45,9 +46,11 @@
 //!
 //! Leases are asked for with Tokio's timers and a task of the bulkhead's
 //! own: a bulkhead with a ceiling needs a Tokio runtime (with its time
-//! driver) wherever it takes permits through `acquire` or a layer. Redis 5
-//! or later, a single node (the key's hash tag is ready for Redis Cluster,
-//! the client is not).
+//! driver) wherever it takes permits through `acquire` or a layer; the
+//! connection and the task live in the runtime that first asks Redis (made
+//! again in another if it shuts down), so keep it running. Redis 5 or
+//! later, a single node (the key's hash tag is ready for Redis Cluster, the
+//! client is not).
 //!
 //! The calls that may never wait for a round trip
 //! ([`Bulkhead::try_acquire`](crate::Bulkhead::try_acquire) and its kin)

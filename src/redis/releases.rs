@@ -1,16 +1,20 @@
 //! Giving leases back, and renewing the live ones.
 //!
-//! A dropped permit queues its lease's token in the [`Outbox`]. The next
-//! lease this replica asks for carries the queue in its script (so that a
-//! caller's next call never finds its own last lease still held); when no
-//! lease is asked for, a background task sends it. The task owns the outbox,
-//! so releases queued as the bulkhead goes are still sent; it ends once the
-//! bulkhead is gone and the queue is empty (or cannot be sent). The outbox
-//! also holds the connection, made with the task in one runtime and made
-//! again with it if that runtime shuts down.
+//! A dropped permit adds its lease's token to the [`Outbox`], where it stays
+//! until a command that carried it is answered. Every lease request carries
+//! the newest of them in its script, whoever's they are, and a background
+//! task sends them all when no request comes; removing a token twice does
+//! nothing. So a caller's next request always carries its last release, and
+//! on one connection Redis runs it first: a caller's next call never finds
+//! its own last lease still held, on any thread.
+//!
+//! The task owns the outbox, so releases added as the bulkhead goes are
+//! still sent while its runtime runs; it ends once the bulkhead is gone and
+//! nothing is left. The connection is made with the task, in one runtime,
+//! and made again with it if that runtime shuts down.
 
 use crate::redis::cluster::Counts;
-use crate::redis::script::RENEW;
+use crate::redis::script::{RELEASE, RENEW};
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,22 +24,22 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-/// Releases waiting to be sent; past this, a release is dropped (and
+/// Releases not yet answered; past this, a release is dropped (and
 /// counted) and its lease runs out on its own.
-const QUEUE: usize = 4_096;
+const PENDING: usize = 4_096;
 /// The most tokens one command carries.
-pub(super) const BATCH: usize = 256;
+const BATCH: usize = 256;
 
-/// A token to remove from the set.
+/// A lease given back, not yet known to be removed.
 pub(super) struct Release {
     pub(super) token: String,
-    /// Known to have been granted: a release that removes nothing is late
+    /// Known to have been granted: a release that finds nothing is late
     /// (the lease had run out and been reclaimed). Not so for a lease asked
     /// for and abandoned, which may never have been granted.
     pub(super) granted: bool,
-    /// Sent before in a command whose answer never came: it may have been
+    /// Carried by a command that was never answered: it may have been
     /// removed then, so finding nothing now is not late.
-    pub(super) resent: bool,
+    pub(super) maybe_removed: bool,
 }
 
 /// What the task needs, outliving the bulkhead.
@@ -46,10 +50,11 @@ pub(super) struct Outbox {
     backoff: Duration,
     renew: bool,
     client: ::redis::Client,
-    queue: Mutex<VecDeque<Release>>,
-    /// Wakes the task: a release queued, or the bulkhead gone.
+    /// Releases not yet answered, oldest first.
+    pending: Mutex<VecDeque<Release>>,
+    /// Wakes the task: a release added, or the bulkhead gone.
     wake: Notify,
-    /// Set when the bulkhead is gone: the task sends what is queued, then
+    /// Set when the bulkhead is gone: the task sends what is pending, then
     /// ends.
     closed: AtomicBool,
     /// The leases to renew, by token, with when each stops being renewed.
@@ -68,40 +73,60 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Releases taken from the queue to be sent in a command: put back, as
-/// maybe sent, unless [`sent`](Self::sent) says the command was answered.
-/// So a command abandoned midway (its caller's future dropped, a timeout)
-/// loses none of them.
-pub(super) struct Sending<'a> {
+/// Tokens a command carries. Answered, they settle; dropped unanswered (the
+/// command failed, timed out or was abandoned), they stay pending, marked as
+/// maybe removed.
+pub(super) struct Carried<'a> {
     outbox: &'a Outbox,
-    releases: Vec<Release>,
+    tokens: Vec<String>,
 }
 
-impl Sending<'_> {
+impl Carried<'_> {
     pub(super) fn tokens(&self) -> impl Iterator<Item = &str> {
-        self.releases.iter().map(|release| release.token.as_str())
+        self.tokens.iter().map(String::as_str)
     }
 
-    /// The command was answered: `removed` of these leases were found.
-    pub(super) fn sent(mut self, removed: u64) {
-        let releases = std::mem::take(&mut self.releases);
-        let expected = releases
+    /// The command was answered: `removed[i]` is 1 if `tokens[i]` was found
+    /// and removed. On one connection, the first answer for a token is from
+    /// the first command Redis ran with it, so it decides.
+    pub(super) fn answered(mut self, removed: &[u8]) {
+        let tokens = std::mem::take(&mut self.tokens);
+        let answers: HashMap<&str, bool> = tokens
             .iter()
-            .filter(|release| release.granted && !release.resent)
-            .count() as u64;
+            .zip(removed)
+            .map(|(token, &removed)| (token.as_str(), removed == 1))
+            .collect();
+        let (mut released, mut late) = (0, 0);
+        lock(&self.outbox.pending).retain(|release| match answers.get(release.token.as_str()) {
+            None => true,
+            Some(true) => {
+                released += 1;
+                false
+            }
+            Some(false) => {
+                if release.granted && !release.maybe_removed {
+                    late += 1;
+                }
+                false
+            }
+        });
         let counts = &self.outbox.counts;
-        counts.released.fetch_add(removed, Ordering::Relaxed);
-        counts
-            .released_late
-            .fetch_add(expected.saturating_sub(removed), Ordering::Relaxed);
+        counts.released.fetch_add(released, Ordering::Relaxed);
+        counts.released_late.fetch_add(late, Ordering::Relaxed);
     }
 }
 
-impl Drop for Sending<'_> {
+impl Drop for Carried<'_> {
     fn drop(&mut self) {
-        for mut release in self.releases.drain(..) {
-            release.resent = true;
-            self.outbox.queue_back(release);
+        if self.tokens.is_empty() {
+            return;
+        }
+        let carried: std::collections::HashSet<&str> =
+            self.tokens.iter().map(String::as_str).collect();
+        for release in lock(&self.outbox.pending).iter_mut() {
+            if carried.contains(release.token.as_str()) {
+                release.maybe_removed = true;
+            }
         }
     }
 }
@@ -119,7 +144,7 @@ impl Outbox {
             backoff: ceiling.backoff,
             renew: ceiling.renew,
             client: ceiling.client.clone(),
-            queue: Mutex::default(),
+            pending: Mutex::default(),
             wake: Notify::new(),
             closed: AtomicBool::new(false),
             live: Mutex::default(),
@@ -128,33 +153,48 @@ impl Outbox {
         }
     }
 
-    /// Queues `release` and wakes the task; past the queue's bound the
-    /// release is dropped, and its lease left to run out.
-    pub(super) fn queue(&self, release: Release) {
+    /// Adds `release` and wakes the task; past the bound, the release is
+    /// dropped and its lease left to run out.
+    pub(super) fn release(&self, release: Release) {
         if self.renew {
             lock(&self.live).remove(&release.token);
         }
-        self.queue_back(release);
-        self.wake.notify_one();
-    }
-
-    fn queue_back(&self, release: Release) {
-        let mut queue = lock(&self.queue);
-        if queue.len() < QUEUE {
-            queue.push_back(release);
+        let mut pending = lock(&self.pending);
+        if pending.len() < PENDING {
+            pending.push_back(release);
         } else if release.granted {
             self.counts.releases_lost.fetch_add(1, Ordering::Relaxed);
         }
+        drop(pending);
+        self.wake.notify_one();
     }
 
-    /// Up to a batch of the releases queued, oldest first, to be sent.
-    pub(super) fn sending(&self) -> Sending<'_> {
-        let mut queue = lock(&self.queue);
-        let count = queue.len().min(BATCH);
-        Sending {
+    /// The newest releases pending, for a lease request to carry.
+    pub(super) fn newest(&self) -> Carried<'_> {
+        let pending = lock(&self.pending);
+        let from = pending.len().saturating_sub(BATCH);
+        Carried {
             outbox: self,
-            releases: queue.drain(..count).collect(),
+            tokens: pending
+                .range(from..)
+                .map(|release| release.token.clone())
+                .collect(),
         }
+    }
+
+    /// Every release pending, oldest first, a batch at a time.
+    fn all(&self) -> Vec<Carried<'_>> {
+        let tokens: Vec<String> = lock(&self.pending)
+            .iter()
+            .map(|release| release.token.clone())
+            .collect();
+        tokens
+            .chunks(BATCH)
+            .map(|tokens| Carried {
+                outbox: self,
+                tokens: tokens.to_vec(),
+            })
+            .collect()
     }
 
     pub(super) fn live(&self, token: String, until: Instant) {
@@ -175,7 +215,7 @@ impl Outbox {
 
     /// The connection, with the task beside it: both made in the current
     /// runtime if they are not running (never made, or their runtime has
-    /// shut down). `None` outside a runtime.
+    /// shut down). An error outside a runtime.
     pub(super) fn connection(self: &Arc<Self>) -> Result<ConnectionManager, ::redis::RedisError> {
         let mut running = lock(&self.running);
         if let Some(running) = running
@@ -190,7 +230,6 @@ impl Outbox {
                 "the cluster ceiling needs a Tokio runtime",
             )));
         };
-        let _entered = runtime.enter();
         let timeout = Some(self.timeout);
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(timeout)
@@ -205,38 +244,36 @@ impl Outbox {
         Ok(connection)
     }
 
-    /// The bulkhead is gone: the task sends what is queued, then ends. If
-    /// it is not running and there is a runtime here, it is started for
-    /// that.
+    /// The bulkhead is gone: the task sends what is pending, then ends. If
+    /// it is not running and this is inside a runtime, it is started for
+    /// that; outside one, what is pending runs out.
     pub(super) fn close(self: &Arc<Self>) {
         self.closed.store(true, Ordering::Release);
-        if !lock(&self.queue).is_empty() {
+        if !lock(&self.pending).is_empty() {
             let _ = self.connection();
         }
         self.wake.notify_one();
     }
 
-    /// Sends every release queued, a batch to a `ZREM`: `false` if a
-    /// command failed (they are queued again).
+    /// Sends every release pending: `false` if a command failed (they stay
+    /// pending).
     async fn send(&self, connection: &mut ConnectionManager) -> bool {
-        loop {
-            let sending = self.sending();
-            if sending.releases.is_empty() {
-                return true;
+        for carried in self.all() {
+            let mut release = RELEASE.key(&self.key);
+            for token in carried.tokens() {
+                release.arg(token);
             }
-            let mut zrem = ::redis::cmd("ZREM");
-            zrem.arg(&self.key);
-            for token in sending.tokens() {
-                zrem.arg(token);
-            }
-            match tokio::time::timeout(self.timeout, zrem.query_async::<u64>(connection)).await {
-                Ok(Ok(removed)) => sending.sent(removed),
+            let answer =
+                tokio::time::timeout(self.timeout, release.invoke_async::<Vec<u8>>(connection));
+            match answer.await {
+                Ok(Ok(removed)) => carried.answered(&removed),
                 _ => {
                     self.counts.errors.fetch_add(1, Ordering::Relaxed);
                     return false;
                 }
             }
         }
+        true
     }
 
     /// Moves each live lease's deadline a lease on. A failed renewal is
@@ -259,40 +296,39 @@ impl Outbox {
     }
 }
 
-/// Sends the queued releases when one is queued (and again after a backoff
-/// if sending failed), and renews the live leases every third of a lease;
-/// ends once the bulkhead is gone and nothing is left to send.
+/// Sends the pending releases whenever one is added (after a failure, not
+/// again before the backoff), and renews the live leases every third of a
+/// lease; ends once the bulkhead is gone and one last try has been made.
 async fn run(outbox: Arc<Outbox>, mut connection: ConnectionManager) {
     let period = outbox.renew_period();
     let mut next_renewal = period.map(|period| Instant::now() + period);
     let mut retry_at: Option<Instant> = None;
+    // Started again in a later runtime: what the last one left is sent now.
+    let mut woken = true;
     loop {
-        let wake_at = [next_renewal, retry_at].into_iter().flatten().min();
-        match wake_at {
-            Some(at) => {
-                let _ = tokio::time::timeout_at(at, outbox.wake.notified()).await;
-            }
-            None => outbox.wake.notified().await,
-        }
         let closed = outbox.closed.load(Ordering::Acquire);
-        let sent = outbox.send(&mut connection).await;
-        retry_at = (!sent).then(|| Instant::now() + outbox.backoff.max(outbox.timeout));
-        if closed {
-            // Gone: one more try at what is queued, then the rest runs out.
-            if !sent {
-                tokio::time::sleep(outbox.backoff.max(outbox.timeout)).await;
-                if !outbox.send(&mut connection).await {
-                    let lost = lock(&outbox.queue)
-                        .drain(..)
-                        .filter(|release| release.granted)
-                        .count() as u64;
-                    outbox
-                        .counts
-                        .releases_lost
-                        .fetch_add(lost, Ordering::Relaxed);
+        let now = Instant::now();
+        if closed || (woken && retry_at.is_none_or(|at| at <= now)) {
+            let sent = outbox.send(&mut connection).await;
+            retry_at = (!sent).then(|| Instant::now() + outbox.backoff.max(outbox.timeout));
+            if closed {
+                if !sent {
+                    // Gone: one more try after a timeout, then the rest
+                    // runs out.
+                    tokio::time::sleep(outbox.timeout).await;
+                    if !outbox.send(&mut connection).await {
+                        let lost = lock(&outbox.pending)
+                            .drain(..)
+                            .filter(|release| release.granted)
+                            .count() as u64;
+                        outbox
+                            .counts
+                            .releases_lost
+                            .fetch_add(lost, Ordering::Relaxed);
+                    }
                 }
+                return;
             }
-            return;
         }
         if let (Some(at), Some(period)) = (next_renewal, period) {
             if Instant::now() >= at {
@@ -300,5 +336,15 @@ async fn run(outbox: Arc<Outbox>, mut connection: ConnectionManager) {
                 next_renewal = Some(Instant::now() + period);
             }
         }
+        let wake_at = [next_renewal, retry_at].into_iter().flatten().min();
+        woken = match wake_at {
+            Some(at) => tokio::time::timeout_at(at, outbox.wake.notified())
+                .await
+                .is_ok(),
+            None => {
+                outbox.wake.notified().await;
+                true
+            }
+        } || retry_at.is_some_and(|at| at <= Instant::now());
     }
 }

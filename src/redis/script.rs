@@ -16,8 +16,8 @@ use std::sync::LazyLock;
 /// reclaimed slots, and counted), then admits or refuses. Replies
 /// `{admitted, held, reclaimed, hint, released}`: `held` counts the leases
 /// after the decision, `hint` is how long until the earliest lease held
-/// runs out (0 when admitted), `released` how many of those given back were
-/// found.
+/// runs out (0 when admitted), `released` a 1 or a 0 for each lease given
+/// back: found and removed, or gone already.
 ///
 /// `TIME` is read once, before any write: since Redis 5 a script is
 /// replicated by its effects, so reading the clock is allowed, and up to
@@ -29,9 +29,9 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local limit = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
-local released = 0
-if #ARGV > 3 then
-    released = redis.call('ZREM', KEYS[1], unpack(ARGV, 4))
+local released = {}
+for i = 4, #ARGV do
+    released[i - 3] = redis.call('ZREM', KEYS[1], ARGV[i])
 end
 local reclaimed = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local held = redis.call('ZCARD', KEYS[1])
@@ -75,6 +75,21 @@ if renewed > 0 and redis.call('PTTL', KEYS[1]) < 2 * lease then
     redis.call('PEXPIRE', KEYS[1], 2 * lease)
 end
 return renewed
+",
+    )
+});
+
+/// Removes the leases given back. `KEYS[1]`: the sorted set; `ARGV`: their
+/// tokens. Replies a 1 or a 0 for each: found and removed, or gone already
+/// (run out and reclaimed, or removed by an earlier command).
+pub(super) static RELEASE: LazyLock<::redis::Script> = LazyLock::new(|| {
+    ::redis::Script::new(
+        r"
+local removed = {}
+for i = 1, #ARGV do
+    removed[i] = redis.call('ZREM', KEYS[1], ARGV[i])
+end
+return removed
 ",
     )
 });
