@@ -77,11 +77,15 @@ pub enum ShedReason {
     /// wait for a round trip, as `try_acquire` may not), and
     /// [`WhenUnreachable`](crate::redis::WhenUnreachable) says to shed.
     ClusterUnavailable,
+    /// The call's key is new, and its [`KeyedBulkhead`](crate::keyed::KeyedBulkhead)
+    /// holds `max_keys` keys already, none of them idle: nothing was
+    /// allocated for it.
+    TooManyKeys,
 }
 
 impl ShedReason {
     /// How many reasons there are, for tables indexed by reason.
-    pub(crate) const COUNT: usize = 10;
+    pub(crate) const COUNT: usize = 11;
 
     /// Every reason, in the order of [`index`](Self::index).
     #[cfg(feature = "metrics")]
@@ -96,6 +100,7 @@ impl ShedReason {
         ShedReason::InvalidWeight,
         ShedReason::ClusterLimit,
         ShedReason::ClusterUnavailable,
+        ShedReason::TooManyKeys,
     ];
 
     /// Whether the call was refused for want of a slot (rather than bytes,
@@ -122,6 +127,7 @@ impl ShedReason {
             ShedReason::InvalidWeight => 7,
             ShedReason::ClusterLimit => 8,
             ShedReason::ClusterUnavailable => 9,
+            ShedReason::TooManyKeys => 10,
         }
     }
 
@@ -138,6 +144,7 @@ impl ShedReason {
             ShedReason::InvalidWeight => "invalid_weight",
             ShedReason::ClusterLimit => "cluster_limit",
             ShedReason::ClusterUnavailable => "cluster_unavailable",
+            ShedReason::TooManyKeys => "too_many_keys",
         }
     }
 }
@@ -155,6 +162,7 @@ impl fmt::Display for ShedReason {
             ShedReason::InvalidWeight => "the call's weight is 0 or more than the limit",
             ShedReason::ClusterLimit => "the cluster-wide ceiling is full",
             ShedReason::ClusterUnavailable => "the cluster ceiling could not be asked",
+            ShedReason::TooManyKeys => "too many keys held, none of them idle",
         })
     }
 }

@@ -119,6 +119,7 @@ mod error;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
+pub mod keyed;
 #[cfg(all(test, tower_inflight_loom))]
 mod loom_models;
 mod observe;

@@ -1,0 +1,69 @@
+//! What a key costs a call: `try_acquire` + drop on a keyed bulkhead (an
+//! existing key of 1,000, a `u64`), beside the same on a plain bulkhead and
+//! beside a plain bulkhead plus a lookup in a `HashMap` of 1,000 keys (what
+//! "a hash lookup over the plain bulkhead" costs), taking turns
+//! (`support::interleaved`).
+//!
+//! Run with `cargo bench --bench keyed`.
+
+mod support;
+
+use criterion::{black_box, criterion_main, Criterion};
+use std::collections::HashMap;
+use std::time::Duration;
+use support::{each, interleaved, Turn};
+use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig};
+use tower_inflight::{Bulkhead, Config};
+
+const LIMIT: usize = 25;
+const KEYS: u64 = 1_000;
+const RECLAIM_AFTER: Duration = Duration::from_secs(30);
+
+fn try_acquire_drop(c: &mut Criterion) {
+    let mut group = c.benchmark_group("keyed_try_acquire_drop");
+    let plain = Bulkhead::new(Config::new(LIMIT, RECLAIM_AFTER));
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(LIMIT, RECLAIM_AFTER)).max_keys(KEYS as usize),
+    );
+    let map: HashMap<u64, Bulkhead> = (0..KEYS)
+        .map(|key| (key, Bulkhead::new(Config::new(LIMIT, RECLAIM_AFTER))))
+        .collect();
+    for key in 0..KEYS {
+        drop(keyed.try_acquire(&key).unwrap());
+    }
+    let key = std::cell::Cell::new(0u64);
+    let next = || {
+        let k = key.get();
+        key.set((k + 1) % KEYS);
+        k
+    };
+    let plain_calls = each(|| {
+        black_box(black_box(&plain).try_acquire().is_ok());
+    });
+    let map_calls = each(|| {
+        let bulkhead = &black_box(&map)[&next()];
+        black_box(bulkhead.try_acquire().is_ok());
+    });
+    let keyed_calls = each(|| {
+        black_box(black_box(&keyed).try_acquire(&next()).is_ok());
+    });
+    let turns: [Turn<'_>; 3] = [&plain_calls, &map_calls, &keyed_calls];
+    for (mine, name) in ["plain", "plain_and_a_hash_lookup", "keyed"]
+        .into_iter()
+        .enumerate()
+    {
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| interleaved(iters, &turns, mine))
+        });
+    }
+    group.finish();
+}
+
+// What `criterion_group!` expands to, written out because the macro's
+// `pub fn` trips the crate's `missing_docs` lint.
+fn benches() {
+    let mut criterion = support::criterion(Duration::from_secs(2));
+    try_acquire_drop(&mut criterion);
+}
+
+criterion_main!(benches);

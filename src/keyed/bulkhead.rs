@@ -1,0 +1,308 @@
+//! The keyed bulkhead: a bulkhead per key, and an optional ceiling for all
+//! keys together.
+
+use crate::bulkhead::{Bulkhead, Permit};
+use crate::config::{Config, ConfigError};
+use crate::error::{ServiceSaturated, ShedReason};
+use crate::keyed::keys::{Entry, Keys, LimitOf};
+use crate::keyed::{KeyStatus, KeyedStatus};
+use std::fmt;
+use std::hash::Hash;
+use std::sync::Arc;
+
+/// How a [`KeyedBulkhead`] is built: the configuration of each key's
+/// bulkhead, and optionally a ceiling for all keys together and a limit per
+/// key.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_inflight::keyed::KeyedConfig;
+/// use tower_inflight::Config;
+///
+/// // Each tenant: 4 calls at once, waiting up to 50 ms; all tenants
+/// // together: 16; premium tenants: 8 each; at most 10,000 tenants held.
+/// let config = KeyedConfig::new(Config::new(4, Duration::from_secs(30)).wait(Duration::from_millis(50)))
+///     .ceiling(Config::new(16, Duration::from_secs(30)).name("tenants"))
+///     .limit_per_key(|tenant: &String| if tenant.starts_with("premium-") { 8 } else { 4 })
+///     .max_keys(10_000);
+/// # let _ = tower_inflight::keyed::KeyedBulkhead::new(config);
+/// ```
+pub struct KeyedConfig<K> {
+    per_key: Config,
+    ceiling: Option<Config>,
+    limit_of: Option<LimitOf<K>>,
+    max_keys: usize,
+}
+
+impl<K> KeyedConfig<K> {
+    /// Each key's bulkhead is built from `per_key` (its `limit`,
+    /// `reclaim_after`, `wait`, ...). At most 1,000 keys are held at once
+    /// unless [`max_keys`](Self::max_keys) says otherwise.
+    pub fn new(per_key: Config) -> Self {
+        Self {
+            per_key,
+            ceiling: None,
+            limit_of: None,
+            max_keys: 1_000,
+        }
+    }
+
+    /// A ceiling for all keys together: a call takes its key's slot and one
+    /// of the ceiling's, both or neither.
+    pub fn ceiling(mut self, ceiling: Config) -> Self {
+        self.ceiling = Some(ceiling);
+        self
+    }
+
+    /// Each key's own limit, in place of the `limit` of the per-key
+    /// configuration (held to 1 ..= 1,048,576). Called once, when the key's
+    /// bulkhead is made.
+    pub fn limit_per_key(mut self, limit_of: impl Fn(&K) -> usize + Send + Sync + 'static) -> Self {
+        self.limit_of = Some(Arc::new(limit_of));
+        self
+    }
+
+    /// How many keys are held at once (each key's bulkhead takes about
+    /// 8 KiB, most of it counters padded to a cache line each, so 1,000 keys
+    /// take about 8 MiB). A key with nothing in flight and
+    /// nobody waiting is evicted to make room for a new one (roughly the
+    /// least recently used first); a key with slots held never is. With
+    /// `max_keys` keys held and none of them idle, a call with a new key is
+    /// shed with [`ShedReason::TooManyKeys`].
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.per_key.validate()?;
+        if let Some(ceiling) = &self.ceiling {
+            ceiling.validate()?;
+        }
+        if self.max_keys == 0 {
+            return Err(ConfigError::new(
+                "max_keys",
+                "must be at least 1: a keyed bulkhead of no keys would shed every call".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl<K> fmt::Debug for KeyedConfig<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedConfig")
+            .field("per_key", &self.per_key)
+            .field("ceiling", &self.ceiling)
+            .field("limit_per_key", &self.limit_of.is_some())
+            .field("max_keys", &self.max_keys)
+            .finish()
+    }
+}
+
+/// A bulkhead per key (a tenant, a route, a host), so that one key's burst
+/// cannot take every slot, and optionally a ceiling for all keys together.
+///
+/// Every promise of a [`Bulkhead`] holds per key: leaked slots are reclaimed
+/// after `reclaim_after`, a late release never frees another's slot, a
+/// slot is free the instant it is released. Clones share the keys.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig};
+/// use tower_inflight::{Config, ShedReason};
+///
+/// let tenants = KeyedBulkhead::new(
+///     KeyedConfig::new(Config::new(2, Duration::from_secs(30)))
+///         .ceiling(Config::new(3, Duration::from_secs(30))),
+/// );
+/// let a = (tenants.try_acquire(&"a").unwrap(), tenants.try_acquire(&"a").unwrap());
+/// // Tenant a has its two: a third call of a's is shed, b's is not.
+/// assert_eq!(tenants.try_acquire(&"a").unwrap_err().reason(), ShedReason::LimitReached);
+/// let b = tenants.try_acquire(&"b").unwrap();
+/// // The ceiling of three is full: c is shed though it holds nothing.
+/// assert_eq!(tenants.try_acquire(&"c").unwrap_err().reason(), ShedReason::LimitReached);
+/// drop(a);
+/// assert!(tenants.try_acquire(&"c").is_ok());
+/// # drop(b);
+/// ```
+pub struct KeyedBulkhead<K> {
+    inner: Arc<Inner<K>>,
+}
+
+struct Inner<K> {
+    keys: Keys<K>,
+    ceiling: Option<Bulkhead>,
+    /// For the sheds of new keys: the per-key configuration's name, limit
+    /// and `retry_after`.
+    per_key: Config,
+}
+
+/// A key's slot of a [`KeyedBulkhead`], and the ceiling's slot if it has a
+/// ceiling, held until dropped.
+#[must_use = "the slots are released as soon as the permit is dropped"]
+pub struct KeyedPermit {
+    // Dropped in this order: the key's slot, the ceiling's, then the key's
+    // hold on its bulkhead (which lets it be evicted).
+    key: Permit,
+    ceiling: Option<Permit>,
+    _entry: Arc<Entry>,
+}
+
+impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
+    /// Builds a keyed bulkhead.
+    ///
+    /// # Panics
+    ///
+    /// If the configuration is invalid; the message names the field. Use
+    /// [`try_new`](Self::try_new) to get the error instead.
+    #[track_caller]
+    pub fn new(config: KeyedConfig<K>) -> Self {
+        Self::try_new(config).unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// Builds a keyed bulkhead, or says which field of the configuration is
+    /// wrong.
+    pub fn try_new(config: KeyedConfig<K>) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let ceiling = config.ceiling.map(Bulkhead::try_new).transpose()?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                keys: Keys::new(config.per_key.clone(), config.limit_of, config.max_keys),
+                ceiling,
+                per_key: config.per_key,
+            }),
+        })
+    }
+
+    /// Takes a slot of `key`'s and one of the ceiling's, both or neither;
+    /// never waits.
+    pub fn try_acquire(&self, key: &K) -> Result<KeyedPermit, ServiceSaturated> {
+        let entry = self.entry(key)?;
+        let key = entry.bulkhead.try_acquire()?;
+        let ceiling = self
+            .inner
+            .ceiling
+            .as_ref()
+            .map(Bulkhead::try_acquire)
+            .transpose()?;
+        Ok(KeyedPermit {
+            key,
+            ceiling,
+            _entry: entry,
+        })
+    }
+
+    /// Takes a slot of `key`'s, waiting for one up to the `wait` budget of
+    /// the per-key configuration, then one of the ceiling's, waiting up to
+    /// the ceiling's budget; if the ceiling's does not come, the key's is
+    /// given back.
+    pub async fn acquire(&self, key: &K) -> Result<KeyedPermit, ServiceSaturated> {
+        let entry = self.entry(key)?;
+        let key = entry.bulkhead.acquire().await?;
+        let ceiling = match &self.inner.ceiling {
+            Some(ceiling) => Some(ceiling.acquire().await?),
+            None => None,
+        };
+        Ok(KeyedPermit {
+            key,
+            ceiling,
+            _entry: entry,
+        })
+    }
+
+    fn entry(&self, key: &K) -> Result<Arc<Entry>, ServiceSaturated> {
+        self.inner.keys.entry(key).ok_or_else(|| {
+            let per_key = &self.inner.per_key;
+            ServiceSaturated::new(
+                per_key.name.clone(),
+                per_key.limit,
+                ShedReason::TooManyKeys,
+                per_key.retry_after,
+            )
+        })
+    }
+
+    /// Whether a call may wait: the per-key configuration or the ceiling's
+    /// has a `wait` budget.
+    pub(crate) fn may_wait(&self) -> bool {
+        self.inner.per_key.wait.is_some()
+            || self
+                .inner
+                .ceiling
+                .as_ref()
+                .is_some_and(|ceiling| ceiling.config().wait.is_some())
+    }
+
+    /// The ceiling for all keys together, if there is one.
+    pub fn ceiling(&self) -> Option<&Bulkhead> {
+        self.inner.ceiling.as_ref()
+    }
+
+    /// How many keys are held now (each with its bulkhead).
+    pub fn keys(&self) -> usize {
+        self.inner.keys.len()
+    }
+
+    /// A snapshot: the keys held, evicted and refused, and the busiest keys
+    /// (at most `busiest` of them, those with calls in flight or waiting,
+    /// the most first).
+    pub fn status(&self, busiest: usize) -> KeyedStatus<K> {
+        let keys = &self.inner.keys;
+        KeyedStatus {
+            keys: keys.len(),
+            evicted: keys.evicted(),
+            refused_new_keys: keys.refused(),
+            ceiling: self.inner.ceiling.as_ref().map(Bulkhead::status),
+            busiest: keys
+                .busiest(busiest)
+                .into_iter()
+                .map(|(key, bulkhead)| KeyStatus {
+                    key,
+                    limit: bulkhead.limit(),
+                    in_flight: bulkhead.in_flight(),
+                    waiting: bulkhead.waiting(),
+                    totals: bulkhead.status().totals,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl<K> Clone for KeyedBulkhead<K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<K> fmt::Debug for KeyedBulkhead<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedBulkhead")
+            .field("per_key", &self.inner.per_key)
+            .field("ceiling", &self.inner.ceiling)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KeyedPermit {
+    /// The key's slot.
+    pub fn key_permit(&self) -> &Permit {
+        &self.key
+    }
+
+    /// The ceiling's slot, if the keyed bulkhead has a ceiling.
+    pub fn ceiling_permit(&self) -> Option<&Permit> {
+        self.ceiling.as_ref()
+    }
+}
+
+impl fmt::Debug for KeyedPermit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedPermit")
+            .field("key", &self.key)
+            .field("ceiling", &self.ceiling)
+            .finish()
+    }
+}

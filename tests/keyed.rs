@@ -1,0 +1,237 @@
+//! Bulkheads per key: each rule of `tower_inflight::keyed`.
+
+mod support;
+
+use std::time::Duration;
+use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower_inflight::keyed::{KeyedBulkhead, KeyedConcurrencyLayer, KeyedConfig};
+use tower_inflight::{BoxError, Config, ManualClock, ServiceSaturated, ShedReason};
+
+const LONG: Duration = Duration::from_secs(30);
+
+fn reason<T>(outcome: Result<T, ServiceSaturated>) -> ShedReason {
+    match outcome {
+        Ok(_) => panic!("admitted"),
+        Err(shed) => shed.reason(),
+    }
+}
+
+#[test]
+fn one_key_s_burst_leaves_the_other_keys_their_slots() {
+    let keyed = KeyedBulkhead::new(KeyedConfig::new(Config::new(2, LONG)));
+    let noisy: Vec<_> = (0..2)
+        .map(|_| keyed.try_acquire(&"noisy").unwrap())
+        .collect();
+    for _ in 0..10 {
+        assert_eq!(
+            reason(keyed.try_acquire(&"noisy")),
+            ShedReason::LimitReached
+        );
+    }
+    let quiet = (
+        keyed.try_acquire(&"quiet").unwrap(),
+        keyed.try_acquire(&"quiet").unwrap(),
+    );
+    assert_eq!(keyed.keys(), 2);
+    drop((noisy, quiet));
+}
+
+#[test]
+fn a_call_takes_its_key_s_slot_and_the_ceiling_s_both_or_neither() {
+    let keyed =
+        KeyedBulkhead::new(KeyedConfig::new(Config::new(2, LONG)).ceiling(Config::new(3, LONG)));
+    let a = (
+        keyed.try_acquire(&1).unwrap(),
+        keyed.try_acquire(&1).unwrap(),
+    );
+    let b = keyed.try_acquire(&2).unwrap();
+    // Key 2 has room, the ceiling has none: key 2's slot is given back.
+    assert_eq!(reason(keyed.try_acquire(&2)), ShedReason::LimitReached);
+    let ceiling = keyed.ceiling().unwrap();
+    assert_eq!(ceiling.in_flight(), 3);
+    let status = keyed.status(10);
+    let two = status.busiest.iter().find(|key| key.key == 2).unwrap();
+    assert_eq!(
+        (two.in_flight, two.limit),
+        (1, 2),
+        "the refused call holds nothing"
+    );
+    drop(a);
+    assert_eq!(ceiling.in_flight(), 1);
+    let more = (
+        keyed.try_acquire(&2).unwrap(),
+        keyed.try_acquire(&3).unwrap(),
+    );
+    assert_eq!(ceiling.in_flight(), 3);
+    drop((b, more));
+    assert_eq!(ceiling.in_flight(), 0);
+}
+
+#[test]
+fn a_limit_per_key_is_held_in_range() {
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(2, LONG)).limit_per_key(|key: &u32| *key as usize),
+    );
+    // A limit of 0 is held to 1; 3 is 3.
+    let zero = keyed.try_acquire(&0).unwrap();
+    assert_eq!(reason(keyed.try_acquire(&0)), ShedReason::LimitReached);
+    let three: Vec<_> = (0..3).map(|_| keyed.try_acquire(&3).unwrap()).collect();
+    assert_eq!(reason(keyed.try_acquire(&3)), ShedReason::LimitReached);
+    drop((zero, three));
+}
+
+#[test]
+fn idle_keys_are_evicted_and_held_keys_never_are() {
+    let keyed = KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(2));
+    let held = keyed.try_acquire(&"held").unwrap();
+    drop(keyed.try_acquire(&"idle").unwrap());
+    // Full, with one idle key: a new key evicts it.
+    let new = keyed.try_acquire(&"new").unwrap();
+    assert_eq!(keyed.keys(), 2);
+    // Full, with none idle: a new key is shed, and nothing is made for it.
+    assert_eq!(
+        reason(keyed.try_acquire(&"another")),
+        ShedReason::TooManyKeys
+    );
+    assert_eq!(keyed.keys(), 2);
+    // The held key kept its bulkhead: its limit of one still holds.
+    assert_eq!(reason(keyed.try_acquire(&"held")), ShedReason::LimitReached);
+    let status = keyed.status(10);
+    assert_eq!(
+        (status.keys, status.evicted, status.refused_new_keys),
+        (2, 1, 1)
+    );
+    drop((held, new));
+    assert!(keyed.try_acquire(&"another").is_ok());
+}
+
+#[test]
+fn a_key_s_leaked_slot_is_reclaimed_after_reclaim_after_not_before() {
+    let clock = ManualClock::new();
+    let keyed = KeyedBulkhead::new(KeyedConfig::new(
+        Config::new(1, Duration::from_secs(10)).clock(clock.clone()),
+    ));
+    std::mem::forget(keyed.try_acquire(&"leaky").unwrap());
+    clock.advance(Duration::from_secs(9));
+    assert_eq!(
+        reason(keyed.try_acquire(&"leaky")),
+        ShedReason::LimitReached
+    );
+    clock.advance(Duration::from_secs(2));
+    let reclaimed = keyed.try_acquire(&"leaky").unwrap();
+    assert!(reclaimed.key_permit().was_reclaimed());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_waits_for_its_key_then_for_the_ceiling() {
+    let wait = Duration::from_millis(100);
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, LONG).wait(wait)).ceiling(Config::new(1, LONG).wait(wait)),
+    );
+    let held = keyed.try_acquire(&"a").unwrap();
+    let waiting = tokio::spawn({
+        let keyed = keyed.clone();
+        async move { keyed.acquire(&"b").await.map(drop) }
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    drop(held); // the ceiling's slot goes to b
+    waiting.await.unwrap().unwrap();
+
+    // Nothing frees the ceiling: shed once the ceiling's budget is spent,
+    // and b's own slot goes back.
+    let held = keyed.try_acquire(&"a").unwrap();
+    assert_eq!(reason(keyed.acquire(&"b").await), ShedReason::WaitExpired);
+    assert!(keyed.status(10).busiest.iter().all(|key| key.key != "b"));
+    drop(held);
+}
+
+/// A key with many callers and a key with one, each with a limit of 1 and
+/// waiting for a ceiling of 1: the ceiling's line holds one of each, so
+/// they are served in turn.
+#[tokio::test(start_paused = true)]
+async fn a_key_with_many_callers_and_a_key_with_one_are_served_in_turn() {
+    let wait = Duration::from_secs(10);
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, LONG).wait(wait)).ceiling(Config::new(1, LONG).wait(wait)),
+    );
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let held = keyed.try_acquire(&"other").unwrap();
+    let mut callers = Vec::new();
+    for caller in 0..20 {
+        let (keyed, order) = (keyed.clone(), order.clone());
+        let key = if caller == 10 { "quiet" } else { "noisy" };
+        callers.push(tokio::spawn(async move {
+            let permit = keyed.acquire(&key).await.unwrap();
+            order.lock().unwrap().push(key);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            drop(permit);
+        }));
+        tokio::task::yield_now().await;
+    }
+    drop(held);
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    let order = order.lock().unwrap();
+    let quiet = order.iter().position(|key| *key == "quiet").unwrap();
+    assert!(
+        quiet <= 2,
+        "the quiet key waited behind {quiet} noisy calls: {order:?}"
+    );
+}
+
+#[test]
+fn bad_configuration_is_refused_naming_the_field() {
+    let refused = |config: KeyedConfig<u32>| KeyedBulkhead::try_new(config).unwrap_err().field();
+    assert_eq!(refused(KeyedConfig::new(Config::new(0, LONG))), "limit");
+    assert_eq!(
+        refused(KeyedConfig::new(Config::new(1, LONG)).ceiling(Config::new(1, Duration::ZERO))),
+        "reclaim_after"
+    );
+    assert_eq!(
+        refused(KeyedConfig::new(Config::new(1, LONG)).max_keys(0)),
+        "max_keys"
+    );
+}
+
+#[tokio::test]
+async fn the_layer_keys_each_request_and_sheds_with_service_saturated() {
+    let layer = KeyedConcurrencyLayer::new(
+        KeyedConfig::new(Config::new(1, LONG)),
+        |request: &(&'static str, u32)| request.0,
+    );
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let released = std::sync::Arc::new(std::sync::Mutex::new(Some(released)));
+    let mut service = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(service_fn(move |(_, n): (&'static str, u32)| {
+            let gate = released.lock().unwrap().take();
+            async move {
+                if let Some(gate) = gate {
+                    let _ = gate.await;
+                }
+                Ok::<_, BoxError>(n)
+            }
+        }));
+    let first = tokio::spawn(service.ready().await.unwrap().call(("a", 1)));
+    tokio::task::yield_now().await;
+    let shed = service
+        .ready()
+        .await
+        .unwrap()
+        .call(("a", 2))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        shed.downcast_ref::<ServiceSaturated>().unwrap().reason(),
+        ShedReason::LimitReached
+    );
+    assert_eq!(
+        service.ready().await.unwrap().call(("b", 3)).await.unwrap(),
+        3
+    );
+    release.send(()).unwrap();
+    assert_eq!(first.await.unwrap().unwrap(), 1);
+    assert_eq!(service.oneshot(("a", 4)).await.unwrap(), 4);
+    assert!(layer.bulkhead().status(10).busiest.is_empty());
+}

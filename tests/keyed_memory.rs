@@ -1,0 +1,103 @@
+//! A flood of distinct keys through the keyed layer: memory stays bounded,
+//! nothing held is evicted, and a new key is shed with the right reason
+//! when every key held is busy. Measured with a counting allocator.
+
+// A counting global allocator is an `unsafe impl`; the library itself
+// forbids `unsafe`.
+#![allow(unsafe_code)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower_inflight::keyed::{KeyedConcurrencyLayer, KeyedConfig};
+use tower_inflight::{BoxError, Config, ServiceSaturated, ShedReason};
+
+/// Counts the bytes allocated and not yet freed.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is passed on to the system allocator unchanged; the
+// counter only observes sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        System.alloc(layout)
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        System.dealloc(ptr, layout)
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+const KEYS: u64 = 1_000_000;
+const MAX_KEYS: usize = 1_000;
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_million_distinct_keys_keep_memory_bounded_and_evict_nothing_held() {
+    let layer = KeyedConcurrencyLayer::new(
+        KeyedConfig::new(Config::new(1, Duration::from_secs(30))).max_keys(MAX_KEYS),
+        |request: &u64| *request,
+    );
+    let keyed = layer.bulkhead();
+    let mut service =
+        ServiceBuilder::new()
+            .layer(layer)
+            .service(service_fn(|request: u64| async move {
+                Ok::<_, BoxError>(request)
+            }));
+
+    // Ten keys hold a slot throughout.
+    let held: Vec<_> = (0..10u64)
+        .map(|key| keyed.try_acquire(&(u64::MAX - key)).unwrap())
+        .collect();
+    let mut baseline = 0;
+    for key in 0..KEYS {
+        let answer = service.ready().await.unwrap().call(key).await.unwrap();
+        assert_eq!(answer, key);
+        if key == 10 * MAX_KEYS as u64 {
+            // Full of keys, evicting for a while: the memory from here on.
+            baseline = LIVE.load(Ordering::Relaxed);
+        }
+    }
+    let after = LIVE.load(Ordering::Relaxed);
+    eprintln!(
+        "live bytes after {} keys: {baseline}; after {KEYS}: {after}",
+        10 * MAX_KEYS
+    );
+    assert!(
+        after <= baseline + baseline / 10,
+        "memory grew from {baseline} to {after} bytes"
+    );
+    let status = keyed.status(20);
+    assert_eq!(status.keys, MAX_KEYS);
+    assert_eq!(status.evicted, KEYS + 10 - MAX_KEYS as u64);
+    // The held keys are still held, each at its limit of one.
+    for key in 0..10u64 {
+        let error = service
+            .ready()
+            .await
+            .unwrap()
+            .call(u64::MAX - key)
+            .await
+            .unwrap_err();
+        let shed = error.downcast_ref::<ServiceSaturated>().unwrap();
+        assert_eq!(shed.reason(), ShedReason::LimitReached);
+    }
+    assert_eq!(status.busiest.len(), 10);
+
+    // Every key held busy: a new key is shed, for too many keys.
+    let busy: Vec<_> = (0..MAX_KEYS as u64 - 10)
+        .map(|key| keyed.try_acquire(&(KEYS + key)).unwrap())
+        .collect();
+    let error = service.oneshot(2 * KEYS).await.unwrap_err();
+    let shed = error.downcast_ref::<ServiceSaturated>().unwrap();
+    assert_eq!(shed.reason(), ShedReason::TooManyKeys);
+    assert_eq!(keyed.keys(), MAX_KEYS);
+    drop((held, busy));
+}
