@@ -145,22 +145,17 @@ async fn a_caller_waits_for_its_key_then_for_the_ceiling() {
     drop(held);
 }
 
-/// A key with many callers and a key with one, each with a limit of 1 and
-/// waiting for a ceiling of 1: the ceiling's line holds one of each, so
-/// they are served in turn.
-#[tokio::test(start_paused = true)]
-async fn a_key_with_many_callers_and_a_key_with_one_are_served_in_turn() {
-    let wait = Duration::from_secs(10);
-    let keyed = KeyedBulkhead::new(
-        KeyedConfig::new(Config::new(1, LONG).wait(wait)).ceiling(Config::new(1, LONG).wait(wait)),
-    );
+/// Records the keys in the order their callers got the ceiling's slot.
+async fn order_served(
+    keyed: &KeyedBulkhead<&'static str>,
+    callers: &[&'static str],
+    free: impl FnOnce(),
+) -> Vec<&'static str> {
     let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let held = keyed.try_acquire(&"other").unwrap();
-    let mut callers = Vec::new();
-    for caller in 0..20 {
+    let mut tasks = Vec::new();
+    for &key in callers {
         let (keyed, order) = (keyed.clone(), order.clone());
-        let key = if caller == 10 { "quiet" } else { "noisy" };
-        callers.push(tokio::spawn(async move {
+        tasks.push(tokio::spawn(async move {
             let permit = keyed.acquire(&key).await.unwrap();
             order.lock().unwrap().push(key);
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -168,16 +163,50 @@ async fn a_key_with_many_callers_and_a_key_with_one_are_served_in_turn() {
         }));
         tokio::task::yield_now().await;
     }
-    drop(held);
-    for caller in callers {
-        caller.await.unwrap();
+    free();
+    for task in tasks {
+        task.await.unwrap();
     }
-    let order = order.lock().unwrap();
+    let order = order.lock().unwrap().clone();
+    order
+}
+
+/// A key with many callers waiting for the ceiling and a key with one take
+/// turns: the first caller of each key waiting goes before the second of
+/// any, however many a key sends (here up to its limit of 8 at once).
+#[tokio::test(start_paused = true)]
+async fn a_key_with_many_callers_and_a_key_with_one_take_turns_at_the_ceiling() {
+    let wait = Duration::from_secs(10);
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(8, LONG).wait(wait)).ceiling(Config::new(1, LONG).wait(wait)),
+    );
+    let held = keyed.try_acquire(&"other").unwrap();
+    let mut callers = vec!["noisy"; 8];
+    callers.push("quiet");
+    let order = order_served(&keyed, &callers, move || drop(held)).await;
     let quiet = order.iter().position(|key| *key == "quiet").unwrap();
     assert!(
-        quiet <= 2,
+        quiet <= 1,
         "the quiet key waited behind {quiet} noisy calls: {order:?}"
     );
+}
+
+/// A key below its guaranteed share gets the next slots freed, ahead of a
+/// key that borrowed the whole ceiling while the other was idle.
+#[tokio::test(start_paused = true)]
+async fn a_key_below_its_share_gets_the_next_freed_slots() {
+    let wait = Duration::from_secs(10);
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(4, LONG).wait(wait))
+            .ceiling(Config::new(4, LONG).wait(wait))
+            .guarantee_per_key(|key: &&str| if *key == "small" { 2 } else { 0 }),
+    );
+    // "big" borrows every slot while "small" is idle.
+    let borrowed: Vec<_> = (0..4).map(|_| keyed.try_acquire(&"big").unwrap()).collect();
+    assert!(keyed.try_acquire(&"other").is_err(), "the ceiling is full");
+    // "other" comes first, but is at its share (none): "small" goes ahead.
+    let order = order_served(&keyed, &["other", "small", "small"], move || drop(borrowed)).await;
+    assert_eq!(order, ["small", "small", "other"]);
 }
 
 #[test]

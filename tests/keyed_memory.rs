@@ -41,7 +41,8 @@ const MAX_KEYS: usize = 1_000;
 #[tokio::test(flavor = "current_thread")]
 async fn a_million_distinct_keys_keep_memory_bounded_and_evict_nothing_held() {
     let layer = KeyedConcurrencyLayer::new(
-        KeyedConfig::new(Config::new(1, Duration::from_secs(30))).max_keys(MAX_KEYS),
+        // Long enough that no held slot is reclaimed during the flood.
+        KeyedConfig::new(Config::new(1, Duration::from_secs(3_600))).max_keys(MAX_KEYS),
         |request: &u64| *request,
     );
     let keyed = layer.bulkhead();

@@ -490,6 +490,12 @@ impl Bulkhead {
             .after_release(&self.shared.slots, &self.shared.clock);
     }
 
+    /// Whether this handle is the only one, with no clone and no permit
+    /// sharing the bulkhead.
+    pub(crate) fn is_unshared(&self) -> bool {
+        Arc::strong_count(&self.shared) == 1
+    }
+
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }

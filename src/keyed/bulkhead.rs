@@ -8,6 +8,7 @@ use crate::keyed::keys::{Entry, Keys, LimitOf};
 use crate::keyed::{KeyStatus, KeyedStatus};
 use std::fmt;
 use std::hash::Hash;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// How a [`KeyedBulkhead`] is built: the configuration of each key's
@@ -31,6 +32,7 @@ pub struct KeyedConfig<K> {
     per_key: Config,
     ceiling: Option<Config>,
     limit_of: Option<LimitOf<K>>,
+    guarantee_of: Option<LimitOf<K>>,
     max_keys: usize,
 }
 
@@ -43,12 +45,15 @@ impl<K> KeyedConfig<K> {
             per_key,
             ceiling: None,
             limit_of: None,
+            guarantee_of: None,
             max_keys: 1_000,
         }
     }
 
     /// A ceiling for all keys together: a call takes its key's slot and one
-    /// of the ceiling's, both or neither.
+    /// of the ceiling's, both or neither. Its line is ordered in turns
+    /// across keys (its `queue_order` is set to
+    /// [`PriorityFifo`](crate::QueueOrder::PriorityFifo) for that).
     pub fn ceiling(mut self, ceiling: Config) -> Self {
         self.ceiling = Some(ceiling);
         self
@@ -59,6 +64,21 @@ impl<K> KeyedConfig<K> {
     /// bulkhead is made.
     pub fn limit_per_key(mut self, limit_of: impl Fn(&K) -> usize + Send + Sync + 'static) -> Self {
         self.limit_of = Some(Arc::new(limit_of));
+        self
+    }
+
+    /// How many of the ceiling's slots each key is promised. A key holding
+    /// fewer than its share, whose callers wait for the ceiling, gets the
+    /// next slots freed, before the keys that borrowed past theirs (nothing
+    /// running is preempted). While others are idle, any key may use more
+    /// than its share, up to its own limit. Called once, when the key's
+    /// bulkhead is made. Keep the shares' sum within the ceiling: only then
+    /// can each be met.
+    pub fn guarantee_per_key(
+        mut self,
+        guarantee_of: impl Fn(&K) -> usize + Send + Sync + 'static,
+    ) -> Self {
+        self.guarantee_of = Some(Arc::new(guarantee_of));
         self
     }
 
@@ -146,7 +166,7 @@ pub struct KeyedPermit {
     // hold on its bulkhead (which lets it be evicted).
     key: Permit,
     ceiling: Option<Permit>,
-    _entry: Arc<Entry>,
+    entry: Arc<Entry>,
 }
 
 impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
@@ -165,10 +185,21 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
     /// wrong.
     pub fn try_new(config: KeyedConfig<K>) -> Result<Self, ConfigError> {
         config.validate()?;
-        let ceiling = config.ceiling.map(Bulkhead::try_new).transpose()?;
+        // The ceiling's line is ordered by priority: a key below its share
+        // first, then each key's first caller waiting, then each key's
+        // second, ... (see `acquire`).
+        let ceiling = config
+            .ceiling
+            .map(|ceiling| Bulkhead::try_new(ceiling.queue_order(crate::QueueOrder::PriorityFifo)))
+            .transpose()?;
         Ok(Self {
             inner: Arc::new(Inner {
-                keys: Keys::new(config.per_key.clone(), config.limit_of, config.max_keys),
+                keys: Keys::new(
+                    config.per_key.clone(),
+                    config.limit_of,
+                    config.guarantee_of,
+                    config.max_keys,
+                ),
                 ceiling,
                 per_key: config.per_key,
             }),
@@ -178,6 +209,10 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
     /// Takes a slot of `key`'s and one of the ceiling's, both or neither;
     /// never waits.
     pub fn try_acquire(&self, key: &K) -> Result<KeyedPermit, ServiceSaturated> {
+        // The entry is held while the key's slot is: it keeps the key from
+        // eviction. (Taking the slot under the map's lock instead, with no
+        // count of its own, was slower: the permit then came back through
+        // the closure's result, copied through memory.)
         let entry = self.entry(key)?;
         let key = entry.bulkhead.try_acquire()?;
         let ceiling = self
@@ -186,41 +221,50 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             .as_ref()
             .map(Bulkhead::try_acquire)
             .transpose()?;
-        Ok(KeyedPermit {
-            key,
-            ceiling,
-            _entry: entry,
-        })
+        Ok(KeyedPermit::new(key, ceiling, entry))
     }
 
     /// Takes a slot of `key`'s, waiting for one up to the `wait` budget of
     /// the per-key configuration, then one of the ceiling's, waiting up to
     /// the ceiling's budget; if the ceiling's does not come, the key's is
     /// given back.
+    ///
+    /// In the ceiling's line, a key's callers take turns with the other
+    /// keys': the first caller of each key waiting is served before the
+    /// second of any, and a key below its guaranteed share goes before all.
+    /// So a key with a thousand callers waiting and a key with one are
+    /// served alternately.
     pub async fn acquire(&self, key: &K) -> Result<KeyedPermit, ServiceSaturated> {
         let entry = self.entry(key)?;
         let key = entry.bulkhead.acquire().await?;
         let ceiling = match &self.inner.ceiling {
-            Some(ceiling) => Some(ceiling.acquire().await?),
+            Some(ceiling) => {
+                let waiting = WaitingForCeiling::enter(&entry);
+                let permit = ceiling.acquire_with_priority(waiting.priority).await?;
+                drop(waiting);
+                Some(permit)
+            }
             None => None,
         };
-        Ok(KeyedPermit {
-            key,
-            ceiling,
-            _entry: entry,
-        })
+        Ok(KeyedPermit::new(key, ceiling, entry))
     }
 
     fn entry(&self, key: &K) -> Result<Arc<Entry>, ServiceSaturated> {
-        self.inner.keys.entry(key).ok_or_else(|| {
-            let per_key = &self.inner.per_key;
-            ServiceSaturated::new(
-                per_key.name.clone(),
-                per_key.limit,
-                ShedReason::TooManyKeys,
-                per_key.retry_after,
-            )
-        })
+        self.inner
+            .keys
+            .entry(key)
+            .ok_or_else(|| self.too_many_keys())
+    }
+
+    #[cold]
+    fn too_many_keys(&self) -> ServiceSaturated {
+        let per_key = &self.inner.per_key;
+        ServiceSaturated::new(
+            per_key.name.clone(),
+            per_key.limit,
+            ShedReason::TooManyKeys,
+            per_key.retry_after,
+        )
     }
 
     /// Whether a call may wait: the per-key configuration or the ceiling's
@@ -286,7 +330,51 @@ impl<K> fmt::Debug for KeyedBulkhead<K> {
     }
 }
 
+/// A caller of a key in the ceiling's line, with its priority there:
+/// counted among its key's waiting callers while it waits.
+struct WaitingForCeiling<'a> {
+    entry: &'a Entry,
+    priority: i32,
+}
+
+impl<'a> WaitingForCeiling<'a> {
+    fn enter(entry: &'a Entry) -> Self {
+        // Relaxed: a priority is a hint to the order of the line; a race
+        // between two callers of one key only swaps their turns.
+        let place = entry.waiting_for_ceiling.fetch_add(1, Ordering::Relaxed);
+        let held = entry.ceiling_held.load(Ordering::Relaxed);
+        // Below its share: ahead of every key at or past its own.
+        let below_share = held.saturating_add(place) < entry.guarantee;
+        let place = i32::try_from(place).unwrap_or(i32::MAX);
+        let priority = if below_share {
+            i32::MIN.saturating_add(place)
+        } else {
+            place
+        };
+        Self { entry, priority }
+    }
+}
+
+impl Drop for WaitingForCeiling<'_> {
+    fn drop(&mut self) {
+        self.entry
+            .waiting_for_ceiling
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 impl KeyedPermit {
+    fn new(key: Permit, ceiling: Option<Permit>, entry: Arc<Entry>) -> Self {
+        if ceiling.is_some() {
+            entry.ceiling_held.fetch_add(1, Ordering::Relaxed);
+        }
+        Self {
+            key,
+            ceiling,
+            entry,
+        }
+    }
+
     /// The key's slot.
     pub fn key_permit(&self) -> &Permit {
         &self.key
@@ -295,6 +383,14 @@ impl KeyedPermit {
     /// The ceiling's slot, if the keyed bulkhead has a ceiling.
     pub fn ceiling_permit(&self) -> Option<&Permit> {
         self.ceiling.as_ref()
+    }
+}
+
+impl Drop for KeyedPermit {
+    fn drop(&mut self) {
+        if self.ceiling.is_some() {
+            self.entry.ceiling_held.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 

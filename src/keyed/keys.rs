@@ -7,20 +7,30 @@ use crate::config::Config;
 use crate::slots::MAX_SLOTS;
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 /// How many keys one new key may look at to find one to evict, so that a
 /// flood of new keys while every key is busy costs a bounded amount each.
 const SWEEP: usize = 128;
 
-/// A key's own limit, from [`KeyedConfig::limit_per_key`](crate::keyed::KeyedConfig::limit_per_key).
+/// A number per key: its own limit, from
+/// [`KeyedConfig::limit_per_key`](crate::keyed::KeyedConfig::limit_per_key),
+/// or its guaranteed share of the ceiling, from
+/// [`KeyedConfig::guarantee_per_key`](crate::keyed::KeyedConfig::guarantee_per_key).
 pub(crate) type LimitOf<K> = Arc<dyn Fn(&K) -> usize + Send + Sync>;
 
 /// One key's bulkhead. Whoever is taking or holding a slot of it holds an
-/// `Arc` of it, so a key is idle exactly when the map holds the only one.
+/// `Arc` of it, so a key is idle when the map holds the only one (and no
+/// handle or permit shares its bulkhead).
 pub(crate) struct Entry {
     pub(crate) bulkhead: Bulkhead,
+    /// How many of the ceiling's slots it is promised.
+    pub(crate) guarantee: usize,
+    /// How many of the ceiling's slots it holds now.
+    pub(crate) ceiling_held: AtomicUsize,
+    /// How many of its callers are in the ceiling's line now.
+    pub(crate) waiting_for_ceiling: AtomicUsize,
     /// Used since the sweep last passed it: it is passed over once more
     /// (a second chance, which makes the sweep evict the least recently
     /// used keys first, roughly).
@@ -33,18 +43,25 @@ pub(crate) struct Keys<K> {
     sweep: Mutex<VecDeque<K>>,
     template: Config,
     limit_of: Option<LimitOf<K>>,
+    guarantee_of: Option<LimitOf<K>>,
     max_keys: usize,
     evicted: AtomicU64,
     refused: AtomicU64,
 }
 
 impl<K: Hash + Eq + Clone> Keys<K> {
-    pub(crate) fn new(template: Config, limit_of: Option<LimitOf<K>>, max_keys: usize) -> Self {
+    pub(crate) fn new(
+        template: Config,
+        limit_of: Option<LimitOf<K>>,
+        guarantee_of: Option<LimitOf<K>>,
+        max_keys: usize,
+    ) -> Self {
         Self {
             map: RwLock::default(),
             sweep: Mutex::default(),
             template,
             limit_of,
+            guarantee_of,
             max_keys,
             evicted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -54,15 +71,17 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     /// `key`'s bulkhead, made if it is new; `None` if it is new and
     /// `max_keys` keys are held, none of them idle.
     pub(crate) fn entry(&self, key: &K) -> Option<Arc<Entry>> {
-        if let Some(entry) = self
-            .map
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(key)
         {
-            // Relaxed: a hint for the sweep.
-            entry.used.store(true, Ordering::Relaxed);
-            return Some(entry.clone());
+            let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(entry) = map.get(key) {
+                // Relaxed: a hint for the sweep. Written only when it
+                // changes, so that a busy key's line is not written on
+                // every call.
+                if !entry.used.load(Ordering::Relaxed) {
+                    entry.used.store(true, Ordering::Relaxed);
+                }
+                return Some(entry.clone());
+            }
         }
         self.insert(key)
     }
@@ -80,6 +99,12 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         }
         let entry = Arc::new(Entry {
             bulkhead: self.bulkhead_for(key),
+            guarantee: self
+                .guarantee_of
+                .as_ref()
+                .map_or(0, |guarantee_of| guarantee_of(key)),
+            ceiling_held: AtomicUsize::new(0),
+            waiting_for_ceiling: AtomicUsize::new(0),
             used: AtomicBool::new(false),
         });
         map.insert(key.clone(), entry.clone());
@@ -117,9 +142,11 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             let Some(entry) = map.get(&key) else {
                 continue;
             };
-            // Under the write lock no one can take a new `Arc` of it: one
-            // strong count means nobody holds or is taking a slot of it.
-            if Arc::strong_count(entry) > 1 || entry.used.swap(false, Ordering::Relaxed) {
+            // Under the write lock no one can take a slot of it, nor an
+            // `Arc` of the entry: nobody else sharing either means nobody
+            // holds or is taking a slot of it.
+            let idle = Arc::strong_count(entry) == 1 && entry.bulkhead.is_unshared();
+            if !idle || entry.used.swap(false, Ordering::Relaxed) {
                 sweep.push_back(key);
                 continue;
             }

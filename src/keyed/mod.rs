@@ -16,18 +16,22 @@
 //!   evicted; with none idle, the new key's call is shed with
 //!   [`ShedReason::TooManyKeys`](crate::ShedReason::TooManyKeys), and
 //!   nothing is allocated for it.
-//! - **Waiting**: a caller waits for its key's slot (the per-key `wait`),
-//!   then, holding it, for the ceiling's (the ceiling's `wait`). So a key
-//!   has at most its own limit of callers in the ceiling's line, however
-//!   many it sends: a key with a thousand callers and a key with one are
-//!   served in turn when their limits are 1, and in proportion to their
-//!   limits otherwise.
+//! - **Waiting, in turns**: a caller waits for its key's slot (the per-key
+//!   `wait`), then, holding it, for the ceiling's (the ceiling's `wait`). In
+//!   the ceiling's line the keys take turns: each key's first caller waiting
+//!   goes before any key's second, so a key with a thousand callers and a
+//!   key with one are served alternately.
+//! - **Guaranteed shares, with borrowing**: a key may be promised a share of
+//!   the ceiling ([`KeyedConfig::guarantee_per_key`]). While others are
+//!   idle, a busy key uses more than its share (up to its own limit); when a
+//!   key below its share has callers waiting, the next slots freed go to it,
+//!   ahead of everyone (nothing running is preempted).
 //! - **Metrics**: none per key (their number is unbounded); the ceiling, a
 //!   plain bulkhead, reports as any bulkhead does. Per-key figures are in
 //!   [`KeyedBulkhead::status`], for the busiest keys.
 //!
-//! Not yet: guaranteed shares of the ceiling with borrowing, and deficit
-//! round robin across the keys waiting for the ceiling.
+//! Not yet: turns weighted per key (deficit round robin), and an HTTP layer
+//! of its own (503 responses, slots held until the body ends).
 //!
 //! [`KeyedConcurrencyLayer`] puts a keyed bulkhead in a tower stack, with a
 //! function that picks the key from the request.
