@@ -427,50 +427,33 @@ fn bad_settings_are_refused_naming_the_field() {
             .field()
     };
     let ceiling = || ClusterCeiling::new(client.clone(), "db", 10);
-    assert_eq!(
-        refused(ClusterCeiling::new(client.clone(), "", 10)),
-        "cluster_ceiling.name"
-    );
-    assert_eq!(
-        refused(ClusterCeiling::new(client.clone(), "a}b", 10)),
-        "cluster_ceiling.name"
-    );
-    assert_eq!(
-        refused(ClusterCeiling::new(client.clone(), "db", 0)),
-        "cluster_ceiling.limit"
-    );
-    assert_eq!(
-        refused(ceiling().lease(Duration::MAX)),
-        "cluster_ceiling.lease"
-    );
-    assert_eq!(
-        refused(ceiling().lease(Duration::from_micros(10))),
-        "cluster_ceiling.lease"
-    );
-    assert_eq!(
-        refused(ceiling().timeout(Duration::MAX)),
-        "cluster_ceiling.timeout"
-    );
-    assert_eq!(
-        refused(ceiling().timeout(Duration::ZERO)),
-        "cluster_ceiling.timeout"
-    );
-    assert_eq!(
-        refused(
+    let named = |name: &str, limit| ClusterCeiling::new(client.clone(), name, limit);
+    let refusals = [
+        (named("", 10), "cluster_ceiling.name"),
+        (named("a}b", 10), "cluster_ceiling.name"),
+        (named("db", 0), "cluster_ceiling.limit"),
+        (ceiling().lease(Duration::MAX), "cluster_ceiling.lease"),
+        (
+            ceiling().lease(Duration::from_micros(10)),
+            "cluster_ceiling.lease",
+        ),
+        (ceiling().timeout(Duration::MAX), "cluster_ceiling.timeout"),
+        (ceiling().timeout(Duration::ZERO), "cluster_ceiling.timeout"),
+        (
             ceiling()
                 .lease(Duration::from_millis(50))
-                .timeout(Duration::from_millis(50))
+                .timeout(Duration::from_millis(50)),
+            "cluster_ceiling.timeout",
         ),
-        "cluster_ceiling.timeout"
-    );
-    assert_eq!(
-        refused(ceiling().backoff(Duration::MAX)),
-        "cluster_ceiling.backoff"
-    );
-    assert_eq!(
-        refused(ceiling().when_unreachable(WhenUnreachable::LocalLimit(0))),
-        "cluster_ceiling.when_unreachable"
-    );
+        (ceiling().backoff(Duration::MAX), "cluster_ceiling.backoff"),
+        (
+            ceiling().when_unreachable(WhenUnreachable::LocalLimit(0)),
+            "cluster_ceiling.when_unreachable",
+        ),
+    ];
+    for (ceiling, field) in refusals {
+        assert_eq!(refused(ceiling), field);
+    }
     // Built without a runtime or a server: the connection is made on first use.
     assert!(Bulkhead::try_new(Config::new(4, LONG).cluster_ceiling(ceiling())).is_ok());
     assert!(format!("{:?}", ceiling()).contains("\"db\""));
