@@ -369,6 +369,7 @@ impl Cluster {
             token,
             granted,
             maybe_removed: false,
+            carriers: 0,
         });
     }
 

@@ -40,6 +40,9 @@ pub(super) struct Release {
     /// Carried by a command that was never answered: it may have been
     /// removed then, so finding nothing now is not late.
     pub(super) maybe_removed: bool,
+    /// How many commands carry it now, not yet answered: the task leaves
+    /// it to them rather than send it once more.
+    pub(super) carriers: u32,
 }
 
 /// What the task needs, outliving the bulkhead.
@@ -90,6 +93,9 @@ impl Carried<'_> {
     /// and removed. On one connection, the first answer for a token is from
     /// the first command Redis ran with it, so it decides.
     pub(super) fn answered(mut self, removed: &[u8]) {
+        if self.tokens.is_empty() {
+            return;
+        }
         let tokens = std::mem::take(&mut self.tokens);
         let answers: HashMap<&str, bool> = tokens
             .iter()
@@ -123,10 +129,17 @@ impl Drop for Carried<'_> {
         }
         let carried: std::collections::HashSet<&str> =
             self.tokens.iter().map(String::as_str).collect();
+        let mut unsent = false;
         for release in lock(&self.outbox.pending).iter_mut() {
             if carried.contains(release.token.as_str()) {
                 release.maybe_removed = true;
+                release.carriers = release.carriers.saturating_sub(1);
+                unsent |= release.carriers == 0;
             }
+        }
+        if unsent {
+            // Left to the task, which skipped them while this carried them.
+            self.outbox.wake.notify_one();
         }
     }
 }
@@ -171,22 +184,30 @@ impl Outbox {
 
     /// The newest releases pending, for a lease request to carry.
     pub(super) fn newest(&self) -> Carried<'_> {
-        let pending = lock(&self.pending);
+        let mut pending = lock(&self.pending);
         let from = pending.len().saturating_sub(BATCH);
         Carried {
             outbox: self,
             tokens: pending
-                .range(from..)
-                .map(|release| release.token.clone())
+                .range_mut(from..)
+                .map(|release| {
+                    release.carriers += 1;
+                    release.token.clone()
+                })
                 .collect(),
         }
     }
 
-    /// Every release pending, oldest first, a batch at a time.
+    /// Every release pending that no command carries now, oldest first, a
+    /// batch at a time.
     fn all(&self) -> Vec<Carried<'_>> {
         let tokens: Vec<String> = lock(&self.pending)
-            .iter()
-            .map(|release| release.token.clone())
+            .iter_mut()
+            .filter(|release| release.carriers == 0)
+            .map(|release| {
+                release.carriers += 1;
+                release.token.clone()
+            })
             .collect();
         tokens
             .chunks(BATCH)
