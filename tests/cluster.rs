@@ -138,6 +138,8 @@ async fn a_wait_budget_asks_again_until_a_lease_comes_free() {
     drop(held);
     waiting.await.unwrap().unwrap();
     assert!(waiter.status().cluster.unwrap().leases_refused >= 1);
+    // The waiter's release reaches Redis from its background task.
+    until_leases(&server, "wait", 0).await;
 
     // No lease comes free: shed once the budget is spent, for the ceiling.
     let held = holder.acquire().await.unwrap();
@@ -821,7 +823,8 @@ async fn close_and_cancel_turn_away_a_caller_waiting_for_the_ceiling() {
 /// `callers` callers each making `calls` calls one at a time, under a
 /// ceiling of as many: how many were refused.
 async fn refused_of_sequential_calls(server: &RedisServer, callers: usize, calls: usize) -> usize {
-    let bulkhead = bulkhead(server, "sequential", callers, callers);
+    let name = format!("sequential-{callers}");
+    let bulkhead = bulkhead(server, &name, callers, callers);
     let callers: Vec<_> = (0..callers)
         .map(|_| tokio::spawn(refused_of(bulkhead.clone(), calls)))
         .collect();

@@ -29,6 +29,10 @@ use tokio::time::Instant;
 const PENDING: usize = 4_096;
 /// The most tokens one command carries.
 const BATCH: usize = 256;
+/// How long the task, woken by a release, leaves lease requests to carry
+/// it before it sends what is left: the releases of a busy replica ride on
+/// its requests, and wake the task once a millisecond at most.
+const LINGER: Duration = Duration::from_millis(1);
 
 /// A lease given back, not yet known to be removed.
 pub(super) struct Release {
@@ -57,6 +61,9 @@ pub(super) struct Outbox {
     pending: Mutex<VecDeque<Release>>,
     /// Wakes the task: a release added, or the bulkhead gone.
     wake: Notify,
+    /// Set by the release that wakes the task, cleared by the task before
+    /// it sends: the releases in between wake nobody.
+    waking: AtomicBool,
     /// Set when the bulkhead is gone: the task sends what is pending, then
     /// ends.
     closed: AtomicBool,
@@ -159,6 +166,7 @@ impl Outbox {
             client: ceiling.client.clone(),
             pending: Mutex::default(),
             wake: Notify::new(),
+            waking: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             live: Mutex::default(),
             running: Mutex::new(None),
@@ -179,7 +187,11 @@ impl Outbox {
             self.counts.releases_lost.fetch_add(1, Ordering::Relaxed);
         }
         drop(pending);
-        self.wake.notify_one();
+        // AcqRel: ordered with the task's clear, which comes before it reads
+        // what is pending.
+        if !self.waking.swap(true, Ordering::AcqRel) {
+            self.wake.notify_one();
+        }
     }
 
     /// The newest releases pending, for a lease request to carry.
@@ -330,6 +342,12 @@ async fn run(outbox: Arc<Outbox>, mut connection: ConnectionManager) {
         let closed = outbox.closed.load(Ordering::Acquire);
         let now = Instant::now();
         if closed || (woken && retry_at.is_none_or(|at| at <= now)) {
+            if !closed {
+                tokio::time::sleep(LINGER).await;
+            }
+            // Cleared before the pending releases are read: one added after
+            // the read wakes the task again.
+            outbox.waking.store(false, Ordering::SeqCst);
             let sent = outbox.send(&mut connection).await;
             retry_at = (!sent).then(|| Instant::now() + outbox.backoff.max(outbox.timeout));
             if closed {

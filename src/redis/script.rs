@@ -12,8 +12,9 @@ use std::sync::LazyLock;
 /// is giving back.
 ///
 /// Removes the leases given back first (so that a caller's next call never
-/// finds its own last lease still held), then the expired ones (they are
-/// reclaimed slots, and counted), then admits or refuses. Replies
+/// finds its own last lease still held), then, if the limit is reached,
+/// the expired ones (they are reclaimed slots, and counted), then admits or
+/// refuses. Replies
 /// `{admitted, held, reclaimed, hint, released}`: `held` counts the leases
 /// after the decision, `hint` is how long until the earliest lease held
 /// runs out (0 when admitted), `released` a 1 or a 0 for each lease given
@@ -33,8 +34,14 @@ local released = {}
 for i = 4, #ARGV do
     released[i - 3] = redis.call('ZREM', KEYS[1], ARGV[i])
 end
-local reclaimed = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local held = redis.call('ZCARD', KEYS[1])
+local reclaimed = 0
+if held >= limit then
+    -- Full, counting leases that have run out: those are dropped (only
+    -- then: below the limit they block nobody).
+    reclaimed = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+    held = held - reclaimed
+end
 if held < limit then
     redis.call('ZADD', KEYS[1], string.format('%d', now + lease), ARGV[3])
     -- The key outlives its latest lease by a lease, then goes; never

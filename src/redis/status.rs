@@ -10,7 +10,9 @@ use std::time::Duration;
 pub struct ClusterStatus {
     /// The ceiling: calls in flight across every replica.
     pub limit: usize,
-    /// Leases held across the fleet, as Redis last answered this replica.
+    /// Leases held across the fleet, as Redis last answered this replica
+    /// (below the ceiling, leases that have run out count until a full
+    /// ceiling drops them).
     pub leases_held: usize,
     /// Whether Redis answered the last call that asked it (`false` while
     /// calls skip it after a failure).
