@@ -100,9 +100,9 @@ impl Acquire {
         cx: &mut Context<'_>,
     ) -> Poll<Result<Granted, ServiceSaturated>> {
         let mut this = self.project();
-        loop {
-            match this.state.as_mut().project() {
-                StateProj::Arriving => {
+        'poll: loop {
+            let granted = match this.state.as_mut().project() {
+                StateProj::Arriving => 'arriving: {
                     let shared = &**this.shared;
                     // Read only when a lease may be asked for again within
                     // the budget: a clock read costs a shed 25 ns.
@@ -111,18 +111,7 @@ impl Acquire {
                     }
                     let now = shared.now();
                     let reason = match shared.try_claim_weighted(this.ticket.get_weight(), now) {
-                        Ok(claim) => {
-                            let granted = Granted::new(this.shared.clone(), claim);
-                            if let Some(done) = Self::then_lease(
-                                this.state.as_mut(),
-                                this.shared,
-                                *this.arrived,
-                                granted,
-                            ) {
-                                return done;
-                            }
-                            continue;
-                        }
+                        Ok(claim) => break 'arriving Granted::new(this.shared.clone(), claim),
                         Err(reason) => reason,
                     };
                     let wait = match shared.config().wait {
@@ -159,15 +148,7 @@ impl Acquire {
                                 // after all, so waiting pays.
                                 shared.signal_wait_ended(WaitEnd::Admitted, true);
                             }
-                            if let Some(done) = Self::then_lease(
-                                this.state.as_mut(),
-                                this.shared,
-                                *this.arrived,
-                                granted,
-                            ) {
-                                return done;
-                            }
-                            continue;
+                            break 'arriving granted;
                         }
                         refused => {
                             let reason = match refused {
@@ -201,6 +182,8 @@ impl Acquire {
                         this.ticket.get_priority(),
                         shared.waiters().depth(this.ticket.get_priority()),
                     );
+                    // Parked: polled as such at once.
+                    continue 'poll;
                 }
                 StateProj::Parked { place, budget } => {
                     let shared = &place.shared;
@@ -226,20 +209,14 @@ impl Acquire {
                     // event hook it calls may panic.
                     let outcome = outcome.map(|claim| Granted::new(this.shared.clone(), claim));
                     place.record(end);
-                    let outcome = outcome.map_err(|reason| place.shared.saturated(reason));
-                    if let Ok(granted) = outcome {
-                        if let Some(done) = Self::then_lease(
-                            this.state.as_mut(),
-                            this.shared,
-                            *this.arrived,
-                            granted,
-                        ) {
-                            return done;
+                    match outcome {
+                        Ok(granted) => granted,
+                        Err(reason) => {
+                            let shed = place.shared.saturated(reason);
+                            this.state.set(State::Done);
+                            return Poll::Ready(Err(shed));
                         }
-                        continue;
                     }
-                    this.state.set(State::Done);
-                    return Poll::Ready(outcome);
                 }
                 StateProj::Leasing { granted, leasing } => {
                     // A close or a cancel wakes a caller asking, mid-ask.
@@ -262,6 +239,13 @@ impl Acquire {
                     });
                 }
                 StateProj::Done => panic!("`Acquire` polled after completion"),
+            };
+            // Its local slots granted, by whichever way: its lease next, if
+            // its bulkhead has a cluster ceiling.
+            if let Some(done) =
+                Self::then_lease(this.state.as_mut(), this.shared, *this.arrived, granted)
+            {
+                return done;
             }
         }
     }
