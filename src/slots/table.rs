@@ -47,8 +47,8 @@ pub(crate) const MAX_DEADLINE: u64 = u64::MAX >> GENERATION_BITS;
 /// The largest `limit` a bulkhead accepts: what a claim's index can name.
 pub(crate) const MAX_SLOTS: usize = 1 << 20;
 
-/// How many times a search that found every slot held looks again because
-/// releases were counted while it looked.
+/// How many times a search that fell short looks again because releases
+/// were counted while it looked (see `SlotTable::look_settled`).
 const RECHECKS: usize = 4;
 
 /// Tables up to this many slots put each slot on a cache line of its own.
@@ -112,6 +112,17 @@ enum Want {
     Take { held_until: u64 },
     /// Count free slots, up to this many.
     Count(usize),
+}
+
+impl Want {
+    /// Whether a search that counted `found` free slots (1 for one taken)
+    /// has what it wants.
+    fn is_met(self, found: usize) -> bool {
+        match self {
+            Want::Take { .. } => found >= 1,
+            Want::Count(wanted) => found >= wanted,
+        }
+    }
 }
 
 /// A search through the free map, from the top, starting each word where
@@ -259,80 +270,60 @@ impl SlotTable {
         start: usize,
         held_until: u64,
     ) -> Option<(usize, u64, u64)> {
-        // Releases counted before the search: if none is counted while it
-        // looks, a search that finds every slot held can be trusted (see
-        // `search_again`).
-        let released = self.lanes.counted_out();
-        // At least `Acquire`: a slot seen taken by a caller that had just
-        // released another acquires the count out it made first.
-        let order = match order {
-            Ordering::Relaxed => Ordering::Acquire,
-            order => order,
-        };
         let mut found = None;
-        self.look(now, order, start, Want::Take { held_until }, |taken| {
+        self.look_settled(now, order, start, Want::Take { held_until }, |taken| {
             found = Some(taken);
         });
-        if found.is_some() || self.lanes.counted_out() == released {
-            return found;
-        }
-        self.search_again(now, start, held_until)
-    }
-
-    /// A search that found every slot held, while releases were counted, may
-    /// have looked while another caller moved: released a slot the search
-    /// had not reached yet, then took one it had passed. Each slot was held
-    /// when it looked, yet one was free all along. A caller counts its
-    /// release out before it claims again, so the search looks again until
-    /// no release was counted while it looked (a few times at most: under
-    /// such churn a slot comes free soon, or the caller is shed).
-    #[cold]
-    #[inline(never)]
-    fn search_again(&self, now: u64, start: usize, held_until: u64) -> Option<(usize, u64, u64)> {
-        let mut released = self.lanes.counted_out();
-        for _ in 0..RECHECKS {
-            let mut found = None;
-            // `SeqCst` loads: a slot seen taken by a caller that moved
-            // acquires the count out it made before.
-            self.look(
-                now,
-                Ordering::SeqCst,
-                start,
-                Want::Take { held_until },
-                |taken| {
-                    found = Some(taken);
-                },
-            );
-            if found.is_some() {
-                return found;
-            }
-            let now_released = self.lanes.counted_out();
-            if now_released == released {
-                return None;
-            }
-            released = now_released;
-        }
-        None
+        found
     }
 
     /// Whether at least `wanted` slots are free at `now`, without taking
     /// them.
     pub(crate) fn has_free(&self, now: u64, wanted: usize) -> bool {
         let start = lanes::current().start(self.len);
-        // Looked at again while releases were counted meanwhile, as for
-        // `search_again`.
+        self.look_settled(now, Ordering::SeqCst, start, Want::Count(wanted), |_| {}) >= wanted
+    }
+
+    /// [`look`](Self::look), and again while releases were counted as it
+    /// looked, a few times at most.
+    ///
+    /// A search is not a snapshot: it may look while another caller moves,
+    /// releasing a slot the search has not reached yet, then taking one it
+    /// has passed. Each slot was held when it looked, yet one was free all
+    /// along. A caller counts its release out before it claims again, so a
+    /// search that falls short while no release was counted can be trusted;
+    /// one that falls short while releases were counted looks again (under
+    /// such churn a slot comes free soon, or the caller is shed).
+    fn look_settled(
+        &self,
+        now: u64,
+        order: Ordering,
+        start: usize,
+        want: Want,
+        mut taken: impl FnMut((usize, u64, u64)),
+    ) -> usize {
         let mut released = self.lanes.counted_out();
+        // At least `Acquire`, and `SeqCst` when it looks again: a slot seen
+        // taken by a caller that had just released another acquires the
+        // count out it made first.
+        let mut order = match order {
+            Ordering::Relaxed => Ordering::Acquire,
+            order => order,
+        };
+        let mut found = 0;
         for _ in 0..=RECHECKS {
-            if self.look(now, Ordering::SeqCst, start, Want::Count(wanted), |_| {}) >= wanted {
-                return true;
+            found = self.look(now, order, start, want, &mut taken);
+            if want.is_met(found) {
+                return found;
             }
             let now_released = self.lanes.counted_out();
             if now_released == released {
-                return false;
+                return found;
             }
             released = now_released;
+            order = Ordering::SeqCst;
         }
-        false
+        found
     }
 
     /// Whether any slot is free at `now`, without taking it.
