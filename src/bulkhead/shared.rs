@@ -110,7 +110,7 @@ impl Shared {
         cluster
             .without_round_trip()
             .and_then(|()| self.try_claim_weighted(weight, now))
-            .inspect(|_| cluster.admitted_locally())
+            .inspect(|_| cluster.admitted_without_lease())
             .map_err(|reason| self.saturated_at(reason, now))
     }
 

@@ -123,8 +123,9 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         }
         let make =
             || Bulkhead::try_new(config).unwrap_or_else(|_| Bulkhead::new(self.template.clone()));
-        // No series per key (their number is unbounded): the keyed
-        // bulkhead reports for all of them.
+        // No series per key: their number is unbounded. (The ceiling, a
+        // plain bulkhead, reports as any does; per-key figures are in the
+        // keyed bulkhead's status.)
         #[cfg(feature = "metrics")]
         return metrics::with_local_recorder(&metrics::NoopRecorder, make);
         #[cfg(not(feature = "metrics"))]

@@ -23,9 +23,6 @@ const LONGEST_PAUSE: Duration = Duration::from_millis(8);
 
 /// A bulkhead's cluster ceiling, with its connection and its counts.
 pub(crate) struct Cluster {
-    pub(super) ceiling: ClusterCeiling,
-    pub(super) key: String,
-    pub(super) lease_ms: u64,
     /// How long a lease is taken to last, seen from here: the lease, or,
     /// renewed, the bulkhead's `reclaim_after`, after which its local slot
     /// is reclaimed and renewal stops.
@@ -87,6 +84,11 @@ impl Cluster {
         let counts = Arc::new(Counts::default());
         // `validate` keeps the lease within a year: no overflow.
         let lease_ms = lease.as_millis() as u64;
+        let lasts = if ceiling.renew {
+            lease.max(reclaim_after)
+        } else {
+            lease
+        };
         let fallback = match ceiling.when_unreachable {
             WhenUnreachable::LocalLimit(limit) => Some(FallbackPlaces::new(limit, reclaim_after)),
             _ => None,
@@ -98,16 +100,9 @@ impl Cluster {
                 config.name.as_deref().unwrap_or("bulkhead"),
                 ceiling.limit,
             ),
-            key: ceiling.key(),
-            lease_ms,
-            outbox: Arc::new(Outbox::new(&ceiling, lease_ms, counts.clone())),
-            lasts: if ceiling.renew {
-                lease.max(reclaim_after)
-            } else {
-                lease
-            },
+            outbox: Arc::new(Outbox::new(ceiling, lease_ms, counts.clone())),
+            lasts,
             renew_for: reclaim_after,
-            ceiling,
             skip_until: AtomicU64::new(0),
             epoch: Instant::now(),
             fallback,
@@ -123,7 +118,7 @@ impl Cluster {
     /// deadline.
     pub(crate) async fn lease(self: Arc<Self>, deadline: Option<Instant>) -> Leased {
         let mut pause = FIRST_PAUSE;
-        let mut timeout = self.ceiling.timeout;
+        let mut timeout = self.ceiling().timeout;
         loop {
             if !self.may_ask() {
                 return self.unreachable();
@@ -148,7 +143,7 @@ impl Cluster {
                         Ok(Err(error)) => Some(error),
                         _ => None,
                     };
-                    if error.is_none() && timeout < self.ceiling.timeout {
+                    if error.is_none() && timeout < self.ceiling().timeout {
                         // Cut short by the wait budget, not by Redis.
                         return Err(ShedReason::ClusterLimit);
                     }
@@ -175,7 +170,7 @@ impl Cluster {
             tokio::time::sleep(nap).await;
             pause = (pause * 2).min(LONGEST_PAUSE);
             timeout = self
-                .ceiling
+                .ceiling()
                 .timeout
                 .min(deadline.saturating_duration_since(Instant::now()));
             if timeout.is_zero() {
@@ -186,7 +181,7 @@ impl Cluster {
 
     /// The answer for a call that cannot ask Redis while it is away.
     fn unreachable(self: &Arc<Self>) -> Leased {
-        match self.ceiling.when_unreachable {
+        match self.ceiling().when_unreachable {
             WhenUnreachable::FailOpen => {
                 self.admitted_without_lease();
                 Ok(None)
@@ -206,24 +201,24 @@ impl Cluster {
         }
     }
 
+    /// The ceiling's settings.
+    fn ceiling(&self) -> &ClusterCeiling {
+        &self.outbox.ceiling
+    }
+
     /// For a call that may not wait for a round trip, before its local
-    /// claim: only `FailOpen` lets it on (see [`admitted_locally`]).
-    ///
-    /// [`admitted_locally`]: Self::admitted_locally
+    /// claim: only `FailOpen` lets it on (and it is then counted with
+    /// [`admitted_without_lease`](Self::admitted_without_lease)).
     pub(crate) fn without_round_trip(&self) -> Result<(), ShedReason> {
-        match self.ceiling.when_unreachable {
+        match self.ceiling().when_unreachable {
             WhenUnreachable::FailOpen => Ok(()),
             _ => Err(ShedReason::ClusterUnavailable),
         }
     }
 
-    /// A call that may not wait for a round trip was admitted, under the
-    /// local limit alone.
-    pub(crate) fn admitted_locally(&self) {
-        self.admitted_without_lease();
-    }
-
-    fn admitted_without_lease(&self) {
+    /// A call was admitted without a lease: Redis was away, or the call may
+    /// not wait for a round trip.
+    pub(crate) fn admitted_without_lease(&self) {
         self.counts
             .admitted_without_lease
             .fetch_add(1, Ordering::Relaxed);
@@ -261,7 +256,7 @@ impl Cluster {
 
     fn backoff_ms(&self) -> u64 {
         // `validate` keeps it within an hour.
-        self.ceiling.backoff.as_millis() as u64
+        self.ceiling().backoff.as_millis() as u64
     }
 
     /// Milliseconds since `epoch`, plus one (0 means "not skipping").
@@ -313,13 +308,13 @@ impl Cluster {
         match error {
             Some(error) => tracing::warn!(
                 target: "tower_inflight",
-                ceiling = %self.ceiling.name,
+                ceiling = %self.ceiling().name,
                 %error,
                 "cluster ceiling: Redis failed; skipping it for the backoff"
             ),
             None => tracing::warn!(
                 target: "tower_inflight",
-                ceiling = %self.ceiling.name,
+                ceiling = %self.ceiling().name,
                 "cluster ceiling: Redis timed out; skipping it for the backoff"
             ),
         }
@@ -335,8 +330,11 @@ impl Cluster {
         releasing: &Carried<'_>,
     ) -> Result<Reply, ::redis::RedisError> {
         let mut connection = self.outbox.connection()?;
-        let mut script = ACQUIRE.key(&self.key);
-        script.arg(self.ceiling.limit).arg(self.lease_ms).arg(token);
+        let mut script = ACQUIRE.key(&self.outbox.key);
+        script
+            .arg(self.ceiling().limit)
+            .arg(self.outbox.lease_ms)
+            .arg(token);
         for token in releasing.tokens() {
             script.arg(token);
         }
@@ -352,7 +350,7 @@ impl Cluster {
 
     fn granted(self: &Arc<Self>, token: String, asked: Instant) -> Lease {
         self.counts.granted.fetch_add(1, Ordering::Relaxed);
-        if self.ceiling.renew {
+        if self.ceiling().renew {
             self.outbox.live(token.clone(), asked + self.renew_for);
         }
         Lease {
@@ -378,7 +376,7 @@ impl Cluster {
         let read = |count: &AtomicU64| count.load(Ordering::Relaxed);
         let round_trip = read(&counts.round_trip_micros);
         ClusterStatus {
-            limit: self.ceiling.limit,
+            limit: self.ceiling().limit,
             leases_held: counts.held_seen.load(Ordering::Relaxed),
             reachable: self.skip_until.load(Ordering::Relaxed) == 0,
             round_trip: (round_trip != 0).then(|| Duration::from_micros(round_trip)),

@@ -51,12 +51,12 @@ pub(super) struct Release {
 
 /// What the task needs, outliving the bulkhead.
 pub(super) struct Outbox {
-    key: String,
-    lease_ms: u64,
-    timeout: Duration,
-    backoff: Duration,
-    renew: bool,
-    client: ::redis::Client,
+    /// The ceiling's settings, the only copy its bulkhead keeps.
+    pub(super) ceiling: crate::redis::ClusterCeiling,
+    /// The sorted set of leases.
+    pub(super) key: String,
+    /// The lease, in milliseconds of the Redis server's clock.
+    pub(super) lease_ms: u64,
     /// Releases not yet answered, oldest first.
     pending: Mutex<VecDeque<Release>>,
     /// Wakes the task: a release added, or the bulkhead gone.
@@ -153,17 +153,14 @@ impl Drop for Carried<'_> {
 
 impl Outbox {
     pub(super) fn new(
-        ceiling: &crate::redis::ClusterCeiling,
+        ceiling: crate::redis::ClusterCeiling,
         lease_ms: u64,
         counts: Arc<Counts>,
     ) -> Self {
         Self {
             key: ceiling.key(),
             lease_ms,
-            timeout: ceiling.timeout,
-            backoff: ceiling.backoff,
-            renew: ceiling.renew,
-            client: ceiling.client.clone(),
+            ceiling,
             pending: Mutex::default(),
             wake: Notify::new(),
             waking: AtomicBool::new(false),
@@ -177,7 +174,7 @@ impl Outbox {
     /// Adds `release` and wakes the task; past the bound, the release is
     /// dropped and its lease left to run out.
     pub(super) fn release(&self, release: Release) {
-        if self.renew {
+        if self.ceiling.renew {
             lock(&self.live).remove(&release.token);
         }
         let mut pending = lock(&self.pending);
@@ -231,7 +228,7 @@ impl Outbox {
     }
 
     pub(super) fn live(&self, token: String, until: Instant) {
-        if self.renew {
+        if self.ceiling.renew {
             lock(&self.live).insert(token, until);
         }
     }
@@ -263,12 +260,13 @@ impl Outbox {
                 "the cluster ceiling needs a Tokio runtime",
             )));
         };
-        let timeout = Some(self.timeout);
+        let timeout = Some(self.ceiling.timeout);
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(timeout)
             .set_response_timeout(timeout)
             .set_number_of_retries(1);
-        let connection = ConnectionManager::new_lazy_with_config(self.client.clone(), config)?;
+        let connection =
+            ConnectionManager::new_lazy_with_config(self.ceiling.client.clone(), config)?;
         let task = runtime.spawn(run(self.clone(), connection.clone()));
         *running = Some(Running {
             task,
@@ -296,8 +294,10 @@ impl Outbox {
             for token in carried.tokens() {
                 release.arg(token);
             }
-            let answer =
-                tokio::time::timeout(self.timeout, release.invoke_async::<Vec<u8>>(connection));
+            let answer = tokio::time::timeout(
+                self.ceiling.timeout,
+                release.invoke_async::<Vec<u8>>(connection),
+            );
             match answer.await {
                 Ok(Ok(removed)) => carried.answered(&removed),
                 _ => {
@@ -316,7 +316,8 @@ impl Outbox {
         for tokens in self.to_renew().chunks(BATCH) {
             let mut renew = RENEW.key(&self.key);
             renew.arg(self.lease_ms).arg(tokens);
-            let renewed = tokio::time::timeout(self.timeout, renew.invoke_async::<u64>(connection));
+            let renewed =
+                tokio::time::timeout(self.ceiling.timeout, renew.invoke_async::<u64>(connection));
             if !matches!(renewed.await, Ok(Ok(_))) {
                 self.counts.errors.fetch_add(1, Ordering::Relaxed);
             }
@@ -324,7 +325,8 @@ impl Outbox {
     }
 
     fn renew_period(&self) -> Option<Duration> {
-        self.renew
+        self.ceiling
+            .renew
             .then(|| Duration::from_millis((self.lease_ms / 3).max(1)))
     }
 }
@@ -349,12 +351,13 @@ async fn run(outbox: Arc<Outbox>, mut connection: ConnectionManager) {
             // the read wakes the task again.
             outbox.waking.store(false, Ordering::SeqCst);
             let sent = outbox.send(&mut connection).await;
-            retry_at = (!sent).then(|| Instant::now() + outbox.backoff.max(outbox.timeout));
+            retry_at = (!sent)
+                .then(|| Instant::now() + outbox.ceiling.backoff.max(outbox.ceiling.timeout));
             if closed {
                 if !sent {
                     // Gone: one more try after a timeout, then the rest
                     // runs out.
-                    tokio::time::sleep(outbox.timeout).await;
+                    tokio::time::sleep(outbox.ceiling.timeout).await;
                     if !outbox.send(&mut connection).await {
                         let lost = lock(&outbox.pending)
                             .drain(..)
