@@ -60,10 +60,8 @@ impl Leasing {
         let cluster = shared.cluster()?.clone();
         // Listening before the count is read: a cancel after the read wakes
         // this caller.
-        let mut woken = Box::pin(shared.turned_away().clone().notified_owned());
-        woken.as_mut().enable();
         Some(Self {
-            woken,
+            woken: cluster.listen_for_turn_away(),
             cancels_seen: shared.waiters().cancels(),
             asking: std::sync::Mutex::new(Box::pin(cluster.lease(deadline))),
         })
@@ -86,9 +84,10 @@ impl Leasing {
         // Woken once, by a close or a cancel that may have come before this
         // caller read its count: listen again, for the next one.
         #[cfg(feature = "redis")]
-        while std::future::Future::poll(self.woken.as_mut(), cx).is_ready() {
-            self.woken = Box::pin(shared.turned_away().clone().notified_owned());
-            self.woken.as_mut().enable();
+        if let Some(cluster) = shared.cluster() {
+            while std::future::Future::poll(self.woken.as_mut(), cx).is_ready() {
+                self.woken = cluster.listen_for_turn_away();
+            }
         }
         #[cfg(not(feature = "redis"))]
         let _ = cx;

@@ -28,10 +28,6 @@ pub(crate) struct Shared {
     /// The cluster ceiling's leases, if the configuration has one.
     #[cfg(feature = "redis")]
     cluster: Option<Arc<crate::redis::Cluster>>,
-    /// Wakes the callers asking for a lease when the bulkhead is closed or
-    /// its waiting callers cancelled.
-    #[cfg(feature = "redis")]
-    turned_away: std::sync::Arc<tokio::sync::Notify>,
     pub(super) config: Config,
 }
 
@@ -69,8 +65,6 @@ impl Shared {
             saturation: config.saturation_signal.map(SaturationSignal::new),
             codel: config.codel.map(Codel::new),
             drain: DrainSignal::default(),
-            #[cfg(feature = "redis")]
-            turned_away: Default::default(),
             #[cfg(feature = "redis")]
             cluster: config
                 .cluster
@@ -124,12 +118,9 @@ impl Shared {
     /// away (after the close or cancel is recorded).
     pub(crate) fn turn_away_leasing(&self) {
         #[cfg(feature = "redis")]
-        self.turned_away.notify_waiters();
-    }
-
-    #[cfg(feature = "redis")]
-    pub(crate) fn turned_away(&self) -> &std::sync::Arc<tokio::sync::Notify> {
-        &self.turned_away
+        if let Some(cluster) = &self.cluster {
+            cluster.turn_away();
+        }
     }
 
     /// Whether admission has a step after the local slots (a lease), so

@@ -38,6 +38,9 @@ pub(crate) struct Cluster {
     fallback: Option<FallbackPlaces>,
     counts: Arc<Counts>,
     on_event: Option<Hook>,
+    /// Wakes the callers asking for a lease when the bulkhead is closed or
+    /// its waiting callers cancelled.
+    turned_away: Arc<tokio::sync::Notify>,
     #[cfg(feature = "metrics")]
     metrics: metrics::ClusterMetrics,
 }
@@ -95,6 +98,7 @@ impl Cluster {
         };
         Self {
             on_event: config.on_event.clone(),
+            turned_away: Arc::default(),
             #[cfg(feature = "metrics")]
             metrics: metrics::ClusterMetrics::register(
                 config.name.as_deref().unwrap_or("bulkhead"),
@@ -199,6 +203,22 @@ impl Cluster {
                 }))
             }
         }
+    }
+
+    /// Wakes the callers asking for a lease, to see that they are turned
+    /// away (after the close or cancel is recorded).
+    pub(crate) fn turn_away(&self) {
+        self.turned_away.notify_waiters();
+    }
+
+    /// A wake-up for the next [`turn_away`](Self::turn_away), listening
+    /// from now.
+    pub(crate) fn listen_for_turn_away(
+        &self,
+    ) -> std::pin::Pin<Box<tokio::sync::futures::OwnedNotified>> {
+        let mut woken = Box::pin(self.turned_away.clone().notified_owned());
+        woken.as_mut().enable();
+        woken
     }
 
     /// The ceiling's settings.
