@@ -412,7 +412,7 @@ impl Bulkhead {
     /// ```
     pub fn close(&self) {
         self.shared.waiters.close();
-        self.shared.turn_away_leasing();
+        self.shared.turn_away_leasing(false);
     }
 
     /// Whether [`close`](Self::close) was called.
@@ -424,7 +424,7 @@ impl Bulkhead {
     /// [`ShedReason::Cancelled`](crate::ShedReason::Cancelled); callers arriving later wait as usual.
     pub fn cancel_waiting(&self) {
         self.shared.waiters.cancel();
-        self.shared.turn_away_leasing();
+        self.shared.turn_away_leasing(true);
     }
 
     /// Resolves once no call is in flight and nobody is waiting, or fails

@@ -33,8 +33,11 @@ pub(crate) fn lapsed(lease: &HeldLease) -> bool {
 
 /// A lease being asked for, by a caller that holds its local slots.
 pub(crate) struct Leasing {
-    /// The bulkhead's count of `cancel_waiting` calls when the lease was
+    #[cfg(feature = "redis")]
+    cluster: Arc<crate::redis::Cluster>,
+    /// The ceiling's count of `cancel_waiting` calls when the lease was
     /// first asked for: a caller asking is waiting too, and is turned away.
+    #[cfg(feature = "redis")]
     cancels_seen: u64,
     /// In a mutex only to be `Sync` (axum wants its services to be, and a
     /// service may hold this while `poll_ready` waits): it is only ever
@@ -58,12 +61,13 @@ impl Leasing {
         deadline: Option<tokio::time::Instant>,
     ) -> Option<Self> {
         let cluster = shared.cluster()?.clone();
-        // Listening before the count is read: a cancel after the read wakes
-        // this caller.
         Some(Self {
+            // Listening before the count is read: a cancel after the read
+            // wakes this caller.
             woken: cluster.listen_for_turn_away(),
-            cancels_seen: shared.waiters().cancels(),
-            asking: std::sync::Mutex::new(Box::pin(cluster.lease(deadline))),
+            cancels_seen: cluster.cancels(),
+            asking: std::sync::Mutex::new(Box::pin(cluster.clone().lease(deadline))),
+            cluster,
         })
     }
 
@@ -81,22 +85,25 @@ impl Leasing {
         shared: &Shared,
         cx: &mut Context<'_>,
     ) -> Option<ShedReason> {
-        // Woken once, by a close or a cancel that may have come before this
-        // caller read its count: listen again, for the next one.
         #[cfg(feature = "redis")]
-        if let Some(cluster) = shared.cluster() {
+        {
+            // Woken once, by a close or a cancel that may have come before
+            // this caller read its count: listen again, for the next one.
             while std::future::Future::poll(self.woken.as_mut(), cx).is_ready() {
-                self.woken = cluster.listen_for_turn_away();
+                self.woken = self.cluster.listen_for_turn_away();
+            }
+            if shared.waiters().is_closed() {
+                Some(ShedReason::Closed)
+            } else if self.cluster.cancels() != self.cancels_seen {
+                Some(ShedReason::Cancelled)
+            } else {
+                None
             }
         }
         #[cfg(not(feature = "redis"))]
-        let _ = cx;
-        if shared.waiters().is_closed() {
-            Some(ShedReason::Closed)
-        } else if shared.waiters().cancels() != self.cancels_seen {
-            Some(ShedReason::Cancelled)
-        } else {
-            None
+        {
+            let _ = (shared, cx);
+            match self.never {}
         }
     }
 

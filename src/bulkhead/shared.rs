@@ -114,13 +114,15 @@ impl Shared {
         self.cluster.as_ref()
     }
 
-    /// Wakes the callers asking for a lease, to see that they are turned
-    /// away (after the close or cancel is recorded).
-    pub(crate) fn turn_away_leasing(&self) {
+    /// Turns away the callers asking for a lease: the bulkhead was closed
+    /// (recorded already), or its waiting callers `cancelled`.
+    pub(crate) fn turn_away_leasing(&self, cancelled: bool) {
         #[cfg(feature = "redis")]
         if let Some(cluster) = &self.cluster {
-            cluster.turn_away();
+            cluster.turn_away(cancelled);
         }
+        #[cfg(not(feature = "redis"))]
+        let _ = cancelled;
     }
 
     /// Whether admission has a step after the local slots (a lease), so

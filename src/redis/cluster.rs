@@ -41,6 +41,8 @@ pub(crate) struct Cluster {
     /// Wakes the callers asking for a lease when the bulkhead is closed or
     /// its waiting callers cancelled.
     turned_away: Arc<tokio::sync::Notify>,
+    /// How many times the bulkhead's waiting callers were cancelled.
+    cancels: AtomicU64,
     #[cfg(feature = "metrics")]
     metrics: metrics::ClusterMetrics,
 }
@@ -99,6 +101,7 @@ impl Cluster {
         Self {
             on_event: config.on_event.clone(),
             turned_away: Arc::default(),
+            cancels: AtomicU64::new(0),
             #[cfg(feature = "metrics")]
             metrics: metrics::ClusterMetrics::register(
                 config.name.as_deref().unwrap_or("bulkhead"),
@@ -206,9 +209,19 @@ impl Cluster {
     }
 
     /// Wakes the callers asking for a lease, to see that they are turned
-    /// away (after the close or cancel is recorded).
-    pub(crate) fn turn_away(&self) {
+    /// away: the bulkhead was closed (recorded by its waiters already), or
+    /// its waiting callers `cancelled`.
+    pub(crate) fn turn_away(&self, cancelled: bool) {
+        if cancelled {
+            // Relaxed: read by callers that poll it, with no data behind it.
+            self.cancels.fetch_add(1, Ordering::Relaxed);
+        }
         self.turned_away.notify_waiters();
+    }
+
+    /// How many times the bulkhead's waiting callers were cancelled.
+    pub(crate) fn cancels(&self) -> u64 {
+        self.cancels.load(Ordering::Relaxed)
     }
 
     /// A wake-up for the next [`turn_away`](Self::turn_away), listening

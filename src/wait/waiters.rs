@@ -38,9 +38,6 @@ pub(crate) struct Waiters {
     /// claims, and `CLOSED` (see `PARKED`). Written only under the lock.
     parked: AtomicU64,
     queue: Mutex<Line<Arc<Node>>>,
-    /// How many times the waiting callers were cancelled: callers waiting
-    /// elsewhere than in the line (for a cluster lease) look at it.
-    cancels: AtomicU64,
 }
 
 /// One parked caller, shared between the queue and the caller's future.
@@ -131,7 +128,6 @@ impl Node {
 impl Waiters {
     pub(crate) fn new(order: QueueOrder) -> Self {
         Self {
-            cancels: AtomicU64::new(0),
             parked: AtomicU64::new(0),
             queue: Mutex::new(Line::new(order)),
         }
@@ -169,11 +165,6 @@ impl Waiters {
     pub(crate) fn unchanged(&self, seen: u64) -> bool {
         fence(Ordering::Acquire);
         self.parked.load(Ordering::Relaxed) == seen
-    }
-
-    /// How many times [`cancel`](Self::cancel) was called.
-    pub(crate) fn cancels(&self) -> u64 {
-        self.cancels.load(Ordering::Relaxed)
     }
 
     pub(crate) fn is_closed(&self) -> bool {
@@ -250,8 +241,6 @@ impl Waiters {
 
     /// Refuses every caller parked now.
     pub(crate) fn cancel(&self) {
-        // Relaxed: read by callers that poll it, with no data behind it.
-        self.cancels.fetch_add(1, Ordering::Relaxed);
         let mut woken = WakeList::default();
         let mut queue = lock(&self.queue);
         self.refuse_parked(&mut queue, ShedReason::Cancelled, &mut woken);
