@@ -204,16 +204,9 @@ impl Bulkhead {
     /// ```
     #[inline(always)]
     pub fn try_acquire_weighted(&self, weight: usize) -> Result<Permit, ServiceSaturated> {
-        let now = self.shared.now();
-        #[cfg(feature = "redis")]
-        if let Some(cluster) = self.shared.cluster() {
-            let claim = self.shared.claim_without_round_trip(cluster, now, weight)?;
-            return Ok(Permit::new(self.shared.clone(), claim));
-        }
-        match self.shared.try_claim_weighted(weight, now) {
-            Ok(claim) => Ok(Permit::new(self.shared.clone(), claim)),
-            Err(reason) => Err(self.shared.saturated_at(reason, now)),
-        }
+        self.shared
+            .claim_weighted_or_shed(weight)
+            .map(|claim| Permit::new(self.shared.clone(), claim))
     }
 
     /// [`acquire`](Self::acquire) with a [`Ticket`]: a priority for the

@@ -89,13 +89,25 @@ impl Shared {
             .map_err(|reason| self.saturated_at(reason, now))
     }
 
+    /// [`claim_or_shed`](Self::claim_or_shed) for `weight` slots at once.
+    #[inline(always)]
+    pub(crate) fn claim_weighted_or_shed(&self, weight: usize) -> Result<Claim, ServiceSaturated> {
+        let now = self.clock.now();
+        #[cfg(feature = "redis")]
+        if let Some(cluster) = &self.cluster {
+            return self.claim_without_round_trip(cluster, now, weight);
+        }
+        self.try_claim_weighted(weight, now)
+            .map_err(|reason| self.saturated_at(reason, now))
+    }
+
     /// For a bulkhead with a cluster ceiling, a claim of `weight` slots by a
     /// caller that may not wait for a round trip to Redis: it is answered as
     /// if Redis were away, except that a place under a fallback limit needs
     /// a permit that can give it back, so only `FailOpen` admits it.
     #[cfg(feature = "redis")]
     #[cold]
-    pub(crate) fn claim_without_round_trip(
+    fn claim_without_round_trip(
         &self,
         cluster: &crate::redis::Cluster,
         now: u64,
