@@ -80,13 +80,8 @@ impl Shared {
     /// [`ServiceSaturated`], on one clock read.
     #[inline(always)]
     pub(crate) fn claim_or_shed(&self) -> Result<Claim, ServiceSaturated> {
-        let now = self.clock.now();
-        #[cfg(feature = "redis")]
-        if let Some(cluster) = &self.cluster {
-            return self.claim_without_round_trip(cluster, now, 1);
-        }
-        self.try_claim_at(now)
-            .map_err(|reason| self.saturated_at(reason, now))
+        // Weight 1, inlined: `try_claim_weighted` is `try_claim_at`.
+        self.claim_weighted_or_shed(1)
     }
 
     /// [`claim_or_shed`](Self::claim_or_shed) for `weight` slots at once.
