@@ -264,3 +264,119 @@ async fn the_layer_keys_each_request_and_sheds_with_service_saturated() {
     assert_eq!(service.oneshot(("a", 4)).await.unwrap(), 4);
     assert!(layer.bulkhead().status(10).busiest.is_empty());
 }
+
+/// Keys all used since the sweep last passed them are idle all the same: a
+/// new key takes the place of one, however many keys are held and however
+/// recently each was used.
+#[test]
+fn a_new_key_evicts_an_idle_key_even_when_every_key_was_used_lately() {
+    let keyed = KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(300));
+    for key in 0..300u32 {
+        drop(keyed.try_acquire(&key).unwrap());
+    }
+    for new in 300..350u32 {
+        for key in new - 300..new {
+            drop(keyed.try_acquire(&key).unwrap());
+        }
+        assert!(
+            keyed.try_acquire(&new).is_ok(),
+            "key {new} was shed though every key held was idle"
+        );
+    }
+    let status = keyed.status(0);
+    assert_eq!((status.keys, status.refused_new_keys), (300, 0));
+}
+
+/// A leaked permit holds its key's slot until `reclaim_after`, and its key
+/// with it; past that the key is idle (the next call would reclaim the
+/// slot), so it no longer takes a place for good.
+#[test]
+fn a_key_whose_permit_was_leaked_is_evicted_once_its_slot_is_reclaimable_not_before() {
+    let clock = ManualClock::new();
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, Duration::from_secs(10)).clock(clock.clone())).max_keys(1),
+    );
+    std::mem::forget(keyed.try_acquire(&"leaky").unwrap());
+    assert_eq!(reason(keyed.try_acquire(&"new")), ShedReason::TooManyKeys);
+    clock.advance(Duration::from_secs(9));
+    assert_eq!(reason(keyed.try_acquire(&"new")), ShedReason::TooManyKeys);
+    clock.advance(Duration::from_secs(2));
+    assert!(keyed.try_acquire(&"new").is_ok());
+    assert_eq!(keyed.status(0).evicted, 1);
+}
+
+/// The layer tries for a slot before it waits; that try is no shed: the
+/// bulkheads record only what came of the call.
+#[tokio::test(start_paused = true)]
+async fn a_call_that_waits_and_is_served_is_not_counted_as_shed() {
+    let wait = Duration::from_secs(10);
+    let layer = KeyedConcurrencyLayer::new(
+        KeyedConfig::new(Config::new(1, LONG).wait(wait)).ceiling(Config::new(1, LONG).wait(wait)),
+        |request: &&'static str| *request,
+    );
+    let keyed = layer.bulkhead();
+    let service = ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(|_: &'static str| async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Ok::<_, BoxError>(())
+        }));
+    let (a, b, c) = tokio::join!(
+        service.clone().oneshot("a"),
+        service.clone().oneshot("a"),
+        service.clone().oneshot("b")
+    );
+    a.unwrap();
+    b.unwrap();
+    c.unwrap();
+    let ceiling = keyed.ceiling().unwrap().status().totals;
+    assert_eq!(ceiling.admitted, 3);
+    assert_eq!(ceiling.rejected_limit, 0, "{ceiling:?}");
+}
+
+/// A key never has more slots than the ceiling: a limit past it is held to
+/// it, and a key's table is no bigger than the ceiling's.
+#[test]
+fn a_key_s_limit_is_held_to_the_ceiling_s() {
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(2, LONG))
+            .ceiling(Config::new(10, LONG))
+            .limit_per_key(|_: &u32| usize::MAX),
+    );
+    let held = keyed.try_acquire(&1).unwrap();
+    assert_eq!(keyed.status(1).busiest[0].limit, 10);
+    drop(held);
+}
+
+/// A limit function may look at the keyed bulkhead itself (keys are made
+/// outside its lock), and one that panics gives its key's place back.
+#[test]
+fn limit_functions_may_read_the_keyed_bulkhead_and_may_panic() {
+    let this = std::sync::Arc::new(std::sync::OnceLock::<KeyedBulkhead<u32>>::new());
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, LONG))
+            .max_keys(1)
+            .limit_per_key({
+                let this = this.clone();
+                move |key: &u32| {
+                    assert_ne!(*key, 0, "no limit for key 0");
+                    this.get().map_or(1, |keyed| keyed.keys() + 1)
+                }
+            }),
+    );
+    this.set(keyed.clone()).unwrap();
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            keyed.try_acquire(&0).map(drop)
+        }))
+        .is_err();
+        let admitted = keyed.try_acquire(&1).map(drop).is_ok();
+        done.send((panicked, admitted)).unwrap();
+    });
+    let (panicked, admitted) = finished
+        .recv_timeout(Duration::from_secs(60))
+        .expect("a limit function that reads the keyed bulkhead deadlocked it");
+    assert!(panicked);
+    assert!(admitted, "the panicking key's place was lost");
+}

@@ -483,6 +483,30 @@ impl Bulkhead {
             .after_release(&self.shared.slots, &self.shared.clock);
     }
 
+    /// [`try_acquire`](Self::try_acquire) for a caller that waits next if
+    /// it is refused (which then records what comes of the call): a
+    /// refusal is not recorded. With a cluster ceiling, whose lease needs a
+    /// round trip, it refuses: the caller's wait asks for the lease.
+    pub(crate) fn try_acquire_unrecorded(&self) -> Option<Permit> {
+        if self.shared.has_cluster() {
+            return None;
+        }
+        let now = self.shared.clock.now();
+        let claim = self.shared.try_claim_weighted(1, now).ok()?;
+        Some(Permit::new(self.shared.clone(), claim))
+    }
+
+    /// Whether every slot taken at or before `tick` (on this bulkhead's
+    /// clock) would be reclaimed by a claim now: its deadline has passed.
+    pub(crate) fn reclaimable_since(&self, tick: u64) -> bool {
+        self.shared.clock.now() > tick.saturating_add(self.shared.slots.hold())
+    }
+
+    /// Now, on this bulkhead's clock.
+    pub(crate) fn tick(&self) -> u64 {
+        self.shared.clock.now()
+    }
+
     /// Whether this handle is the only one, with no clone and no permit
     /// sharing the bulkhead.
     pub(crate) fn is_unshared(&self) -> bool {

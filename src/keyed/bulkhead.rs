@@ -60,8 +60,12 @@ impl<K> KeyedConfig<K> {
     }
 
     /// Each key's own limit, in place of the `limit` of the per-key
-    /// configuration (held to 1 ..= 1,048,576). Called once, when the key's
-    /// bulkhead is made.
+    /// configuration, held to 1 ..= the ceiling's limit (a key can never
+    /// use more), or 1 ..= 1,048,576 without a ceiling. Called once, when
+    /// the key's bulkhead is made, outside the keyed bulkhead's locks (so
+    /// it may look at the keyed bulkhead). A key's bulkhead takes 16 bytes
+    /// a slot beside its 8 KiB: keep `max_keys` times the largest limit in
+    /// mind.
     pub fn limit_per_key(mut self, limit_of: impl Fn(&K) -> usize + Send + Sync + 'static) -> Self {
         self.limit_of = Some(Arc::new(limit_of));
         self
@@ -84,11 +88,14 @@ impl<K> KeyedConfig<K> {
 
     /// How many keys are held at once (each key's bulkhead takes about
     /// 8 KiB, most of it counters padded to a cache line each, so 1,000 keys
-    /// take about 8 MiB). A key with nothing in flight and
-    /// nobody waiting is evicted to make room for a new one (roughly the
-    /// least recently used first); a key with slots held never is. With
-    /// `max_keys` keys held and none of them idle, a call with a new key is
-    /// shed with [`ShedReason::TooManyKeys`].
+    /// take about 8 MiB). A key with nothing in flight and nobody waiting
+    /// is evicted to make room for a new one (roughly the least recently
+    /// used first); a key with slots held never is, until they could be
+    /// reclaimed. With `max_keys` keys held and none of them idle, a call
+    /// with a new key is shed with [`ShedReason::TooManyKeys`]. A new key
+    /// looks at no more than 128 keys for one to evict (from where the last
+    /// one stopped), so with more than 128 busy at once, a new key may be
+    /// shed while an idle key lies further on.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self
@@ -162,11 +169,10 @@ struct Inner<K> {
 /// ceiling, held until dropped.
 #[must_use = "the slots are released as soon as the permit is dropped"]
 pub struct KeyedPermit {
-    // Dropped in this order: the key's slot, the ceiling's, then the key's
-    // hold on its bulkhead (which lets it be evicted).
+    // Dropped in this order: the key's slot, then the ceiling's. The key's
+    // permit shares its bulkhead, which keeps the key from eviction.
     key: Permit,
     ceiling: Option<Permit>,
-    entry: Arc<Entry>,
 }
 
 impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
@@ -196,6 +202,8 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             inner: Arc::new(Inner {
                 keys: Keys::new(
                     config.per_key.clone(),
+                    // A key can never hold more slots than the ceiling has.
+                    ceiling.as_ref().map(Bulkhead::limit),
                     config.limit_of,
                     config.guarantee_of,
                     config.max_keys,
@@ -209,19 +217,39 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
     /// Takes a slot of `key`'s and one of the ceiling's, both or neither;
     /// never waits.
     pub fn try_acquire(&self, key: &K) -> Result<KeyedPermit, ServiceSaturated> {
-        // The entry is held while the key's slot is: it keeps the key from
-        // eviction. (Taking the slot under the map's lock instead, with no
-        // count of its own, was slower: the permit then came back through
-        // the closure's result, copied through memory.)
-        let entry = self.entry(key)?;
-        let key = entry.bulkhead.try_acquire()?;
+        let key = self
+            .inner
+            .keys
+            .with_entry(key, |entry| entry.bulkhead.try_acquire())
+            .ok_or_else(|| self.too_many_keys())??;
         let ceiling = self
             .inner
             .ceiling
             .as_ref()
             .map(Bulkhead::try_acquire)
             .transpose()?;
-        Ok(KeyedPermit::new(key, ceiling, entry))
+        Ok(KeyedPermit { key, ceiling })
+    }
+
+    /// [`try_acquire`](Self::try_acquire) for a caller that waits next if
+    /// it is refused: a refusal for want of a slot is not recorded, since
+    /// the wait records what comes of the call. `Err(None)` is that
+    /// refusal; `Err(Some(shed))` is one that waiting cannot mend.
+    pub(crate) fn try_acquire_before_waiting(
+        &self,
+        key: &K,
+    ) -> Result<KeyedPermit, Option<ServiceSaturated>> {
+        let key = self
+            .inner
+            .keys
+            .with_entry(key, |entry| entry.bulkhead.try_acquire_unrecorded())
+            .ok_or_else(|| Some(self.too_many_keys()))?
+            .ok_or(None)?;
+        let ceiling = match &self.inner.ceiling {
+            Some(ceiling) => Some(ceiling.try_acquire_unrecorded().ok_or(None)?),
+            None => None,
+        };
+        Ok(KeyedPermit { key, ceiling })
     }
 
     /// Takes a slot of `key`'s, waiting for one up to the `wait` budget of
@@ -235,8 +263,15 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
     /// So a key with a thousand callers waiting and a key with one are
     /// served alternately.
     pub async fn acquire(&self, key: &K) -> Result<KeyedPermit, ServiceSaturated> {
-        let entry = self.entry(key)?;
+        // The entry's `Arc` keeps the key from eviction until its slot is
+        // taken and the key marked used.
+        let entry = self
+            .inner
+            .keys
+            .entry(key)
+            .ok_or_else(|| self.too_many_keys())?;
         let key = entry.bulkhead.acquire().await?;
+        entry.mark_used();
         let ceiling = match &self.inner.ceiling {
             Some(ceiling) => {
                 let waiting = WaitingForCeiling::enter(&entry);
@@ -246,14 +281,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             }
             None => None,
         };
-        Ok(KeyedPermit::new(key, ceiling, entry))
-    }
-
-    fn entry(&self, key: &K) -> Result<Arc<Entry>, ServiceSaturated> {
-        self.inner
-            .keys
-            .entry(key)
-            .ok_or_else(|| self.too_many_keys())
+        Ok(KeyedPermit { key, ceiling })
     }
 
     #[cold]
@@ -342,7 +370,7 @@ impl<'a> WaitingForCeiling<'a> {
         // Relaxed: a priority is a hint to the order of the line; a race
         // between two callers of one key only swaps their turns.
         let place = entry.waiting_for_ceiling.fetch_add(1, Ordering::Relaxed);
-        let held = entry.ceiling_held.load(Ordering::Relaxed);
+        let held = entry.ceiling_held();
         // Below its share: ahead of every key at or past its own.
         let below_share = held.saturating_add(place) < entry.guarantee;
         let place = i32::try_from(place).unwrap_or(i32::MAX);
@@ -364,17 +392,6 @@ impl Drop for WaitingForCeiling<'_> {
 }
 
 impl KeyedPermit {
-    fn new(key: Permit, ceiling: Option<Permit>, entry: Arc<Entry>) -> Self {
-        if ceiling.is_some() {
-            entry.ceiling_held.fetch_add(1, Ordering::Relaxed);
-        }
-        Self {
-            key,
-            ceiling,
-            entry,
-        }
-    }
-
     /// The key's slot.
     pub fn key_permit(&self) -> &Permit {
         &self.key
@@ -383,14 +400,6 @@ impl KeyedPermit {
     /// The ceiling's slot, if the keyed bulkhead has a ceiling.
     pub fn ceiling_permit(&self) -> Option<&Permit> {
         self.ceiling.as_ref()
-    }
-}
-
-impl Drop for KeyedPermit {
-    fn drop(&mut self) {
-        if self.ceiling.is_some() {
-            self.entry.ceiling_held.fetch_sub(1, Ordering::Relaxed);
-        }
     }
 }
 

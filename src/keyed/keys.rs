@@ -8,7 +8,7 @@ use crate::slots::MAX_SLOTS;
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 
 /// How many keys one new key may look at to find one to evict, so that a
 /// flood of new keys while every key is busy costs a bounded amount each.
@@ -20,28 +20,60 @@ const SWEEP: usize = 128;
 /// [`KeyedConfig::guarantee_per_key`](crate::keyed::KeyedConfig::guarantee_per_key).
 pub(crate) type LimitOf<K> = Arc<dyn Fn(&K) -> usize + Send + Sync>;
 
-/// One key's bulkhead. Whoever is taking or holding a slot of it holds an
-/// `Arc` of it, so a key is idle when the map holds the only one (and no
-/// handle or permit shares its bulkhead).
+/// One key's bulkhead. A caller taking a slot of it holds an `Arc` of it
+/// (or the map's lock); a permit shares its bulkhead.
 pub(crate) struct Entry {
     pub(crate) bulkhead: Bulkhead,
     /// How many of the ceiling's slots it is promised.
     pub(crate) guarantee: usize,
-    /// How many of the ceiling's slots it holds now.
-    pub(crate) ceiling_held: AtomicUsize,
-    /// How many of its callers are in the ceiling's line now.
+    /// How many of its callers hold its slot and wait for the ceiling's.
     pub(crate) waiting_for_ceiling: AtomicUsize,
     /// Used since the sweep last passed it: it is passed over once more
     /// (a second chance, which makes the sweep evict the least recently
     /// used keys first, roughly).
     used: AtomicBool,
+    /// When the sweep last found it used, on its bulkhead's clock: every
+    /// slot of it taken since was marked `used`.
+    unused_since: AtomicU64,
+}
+
+impl Entry {
+    /// Marks the key used: a hint for the sweep, written only when it
+    /// changes, so that a busy key's line is not written on every call.
+    pub(crate) fn mark_used(&self) {
+        // Relaxed: read by the sweep under the map's write lock, which the
+        // callers of the fast path (under its read lock) synchronize with;
+        // a caller that waited stores it while it still holds its `Arc`,
+        // which keeps the key from eviction until then.
+        if !self.used.load(Ordering::Relaxed) {
+            self.used.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// How many of the ceiling's slots it holds: its slots held, less its
+    /// callers still waiting for the ceiling's. (A hint: a leaked permit
+    /// counts until its slot is reclaimed.)
+    pub(crate) fn ceiling_held(&self) -> usize {
+        self.bulkhead
+            .in_flight()
+            .saturating_sub(self.waiting_for_ceiling.load(Ordering::Relaxed))
+    }
+}
+
+struct Map<K> {
+    entries: HashMap<K, Arc<Entry>>,
+    /// Every key in `entries`, once, in the order the sweep visits them.
+    ring: VecDeque<K>,
+    /// Places taken by keys being made outside the lock.
+    reserved: usize,
 }
 
 pub(crate) struct Keys<K> {
-    map: RwLock<HashMap<K, Arc<Entry>>>,
-    /// Every key in the map, once, in the order the sweep visits them.
-    sweep: Mutex<VecDeque<K>>,
+    map: RwLock<Map<K>>,
     template: Config,
+    /// The most slots a key may have: the ceiling's limit (a key can never
+    /// use more), or the most any bulkhead has.
+    max_limit: usize,
     limit_of: Option<LimitOf<K>>,
     guarantee_of: Option<LimitOf<K>>,
     max_keys: usize,
@@ -52,14 +84,19 @@ pub(crate) struct Keys<K> {
 impl<K: Hash + Eq + Clone> Keys<K> {
     pub(crate) fn new(
         template: Config,
+        max_limit: Option<usize>,
         limit_of: Option<LimitOf<K>>,
         guarantee_of: Option<LimitOf<K>>,
         max_keys: usize,
     ) -> Self {
         Self {
-            map: RwLock::default(),
-            sweep: Mutex::default(),
+            map: RwLock::new(Map {
+                entries: HashMap::new(),
+                ring: VecDeque::new(),
+                reserved: 0,
+            }),
             template,
+            max_limit: max_limit.unwrap_or(MAX_SLOTS).clamp(1, MAX_SLOTS),
             limit_of,
             guarantee_of,
             max_keys,
@@ -68,18 +105,34 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         }
     }
 
-    /// `key`'s bulkhead, made if it is new; `None` if it is new and
+    /// `take` of `key`'s entry, made if it is new; `None` if it is new and
     /// `max_keys` keys are held, none of them idle.
+    ///
+    /// `take` runs under the map's read lock when the key is held already:
+    /// the sweep, under the write lock, then never sees a caller between
+    /// finding the key and taking its slot, without the caller counting
+    /// itself in and out of the entry's `Arc`.
+    #[inline]
+    pub(crate) fn with_entry<R>(&self, key: &K, take: impl FnOnce(&Entry) -> R) -> Option<R> {
+        {
+            let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(entry) = map.entries.get(key) {
+                entry.mark_used();
+                return Some(take(entry));
+            }
+        }
+        // A new key: its entry's `Arc` keeps it from eviction meanwhile.
+        let entry = self.insert(key)?;
+        Some(take(&entry))
+    }
+
+    /// `key`'s entry, made if it is new, for a caller that may wait: the
+    /// `Arc` keeps the key from eviction until it is dropped.
     pub(crate) fn entry(&self, key: &K) -> Option<Arc<Entry>> {
         {
             let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
-            if let Some(entry) = map.get(key) {
-                // Relaxed: a hint for the sweep. Written only when it
-                // changes, so that a busy key's line is not written on
-                // every call.
-                if !entry.used.load(Ordering::Relaxed) {
-                    entry.used.store(true, Ordering::Relaxed);
-                }
+            if let Some(entry) = map.entries.get(key) {
+                entry.mark_used();
                 return Some(entry.clone());
             }
         }
@@ -88,39 +141,59 @@ impl<K: Hash + Eq + Clone> Keys<K> {
 
     #[cold]
     fn insert(&self, key: &K) -> Option<Arc<Entry>> {
+        // Room first: a key refused allocates nothing.
+        {
+            let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+            if let Some(entry) = map.entries.get(key) {
+                return Some(entry.clone()); // made meanwhile
+            }
+            if map.entries.len() + map.reserved >= self.max_keys && !self.evict_one(&mut map) {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            map.reserved += 1;
+        }
+        // The place is given back however this ends, a panicking limit
+        // function included.
+        let reservation = Reservation { keys: self };
+        // Made outside the lock: a key with a large limit takes a while to
+        // build, and the limit functions may look at this keyed bulkhead.
+        let entry = Arc::new(self.make_entry(key));
         let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
-        if let Some(entry) = map.get(key) {
-            return Some(entry.clone()); // made meanwhile
+        reservation.settle(&mut map);
+        if let Some(entry) = map.entries.get(key) {
+            return Some(entry.clone()); // made meanwhile: ours is dropped
         }
-        let mut sweep = self.sweep.lock().unwrap_or_else(PoisonError::into_inner);
-        if map.len() >= self.max_keys && !self.evict_one(&mut map, &mut sweep) {
-            self.refused.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        let entry = Arc::new(Entry {
+        map.entries.insert(key.clone(), entry.clone());
+        map.ring.push_back(key.clone());
+        Some(entry)
+    }
+
+    fn make_entry(&self, key: &K) -> Entry {
+        Entry {
             bulkhead: self.bulkhead_for(key),
             guarantee: self
                 .guarantee_of
                 .as_ref()
                 .map_or(0, |guarantee_of| guarantee_of(key)),
-            ceiling_held: AtomicUsize::new(0),
             waiting_for_ceiling: AtomicUsize::new(0),
-            used: AtomicBool::new(false),
-        });
-        map.insert(key.clone(), entry.clone());
-        sweep.push_back(key.clone());
-        Some(entry)
+            // Used: a key just made has its first call coming.
+            used: AtomicBool::new(true),
+            unused_since: AtomicU64::new(0),
+        }
     }
 
     /// A bulkhead for `key`: the template, with the key's own limit if a
-    /// function gives one (held to 1 ..= 1,048,576). The template was
+    /// function gives one (held to 1 ..= `max_limit`). The template was
     /// validated when the keyed bulkhead was built, and a limit in that
     /// range keeps it valid.
     fn bulkhead_for(&self, key: &K) -> Bulkhead {
         let mut config = self.template.clone();
-        if let Some(limit_of) = &self.limit_of {
-            config.limit = limit_of(key).clamp(1, MAX_SLOTS);
+        config.limit = match &self.limit_of {
+            Some(limit_of) => limit_of(key),
+            None => config.limit,
         }
+        .clamp(1, self.max_limit);
         let make =
             || Bulkhead::try_new(config).unwrap_or_else(|_| Bulkhead::new(self.template.clone()));
         // No series per key: their number is unbounded. (The ceiling, a
@@ -132,36 +205,73 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         make()
     }
 
-    /// Evicts one idle key, looking at no more than `SWEEP` keys: a key
-    /// that is held (a permit, or a caller taking one) goes to the back; a
-    /// key used since the last pass gets a second chance.
-    fn evict_one(&self, map: &mut HashMap<K, Arc<Entry>>, sweep: &mut VecDeque<K>) -> bool {
-        for _ in 0..SWEEP.min(2 * sweep.len()) {
-            let Some(key) = sweep.pop_front() else {
-                return false;
+    /// Evicts one idle key, looking at no more than `SWEEP` keys, each once:
+    /// a key that is busy goes to the back; an idle key used since the last
+    /// pass gets a second chance, unless no idle key unused since is found,
+    /// and then the first idle one seen is evicted.
+    fn evict_one(&self, map: &mut Map<K>) -> bool {
+        let Map { entries, ring, .. } = map;
+        let mut second_chance = None;
+        for _ in 0..SWEEP.min(ring.len()) {
+            let Some(key) = ring.pop_front() else {
+                break;
             };
-            let Some(entry) = map.get(&key) else {
+            let Some(entry) = entries.get(&key) else {
                 continue;
             };
-            // Under the write lock no one can take a slot of it, nor an
-            // `Arc` of the entry: nobody else sharing either means nobody
-            // holds or is taking a slot of it.
-            let idle = Arc::strong_count(entry) == 1 && entry.bulkhead.is_unshared();
-            if !idle || entry.used.swap(false, Ordering::Relaxed) {
-                sweep.push_back(key);
-                continue;
+            let used = entry.used.swap(false, Ordering::Relaxed);
+            if used {
+                let now = entry.bulkhead.tick();
+                entry.unused_since.store(now, Ordering::Relaxed);
             }
-            map.remove(&key);
-            self.evicted.fetch_add(1, Ordering::Relaxed);
+            if !Self::is_idle(entry, used) {
+                ring.push_back(key);
+            } else if !used {
+                if let Some(spared) = second_chance.take() {
+                    ring.push_back(spared);
+                }
+                return self.evict(entries, &key);
+            } else if second_chance.is_none() {
+                second_chance = Some(key);
+            } else {
+                ring.push_back(key);
+            }
+        }
+        second_chance.is_some_and(|key| self.evict(entries, &key))
+    }
+
+    /// Whether nobody holds or is taking a slot of `entry` (under the map's
+    /// write lock: nobody can start to), but for permits that were leaked.
+    fn is_idle(entry: &Arc<Entry>, used: bool) -> bool {
+        // No caller has its `Arc` (taking a slot, or waiting for one), and
+        // no permit shares its bulkhead.
+        if Arc::strong_count(entry) > 1 {
+            return false;
+        }
+        if entry.bulkhead.is_unshared() {
             return true;
         }
-        false
+        // A permit shares it, and nobody takes a slot: if none was taken
+        // since the sweep found it unused, and that is longer ago than a
+        // slot is held, every slot held is past its deadline, held by a
+        // permit that was leaked, and would be reclaimed by the next call.
+        !used
+            && entry
+                .bulkhead
+                .reclaimable_since(entry.unused_since.load(Ordering::Relaxed))
+    }
+
+    fn evict(&self, entries: &mut HashMap<K, Arc<Entry>>, key: &K) -> bool {
+        entries.remove(key);
+        self.evicted.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     pub(crate) fn len(&self) -> usize {
         self.map
             .read()
             .unwrap_or_else(PoisonError::into_inner)
+            .entries
             .len()
     }
 
@@ -176,13 +286,20 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     /// The keys with the most calls in flight (then waiting), at most
     /// `count` of them.
     pub(crate) fn busiest(&self, count: usize) -> Vec<(K, Bulkhead)> {
-        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
-        let mut busy: Vec<(K, Bulkhead, usize, usize)> = map
+        // Copied out under the lock, looked at outside it.
+        let held: Vec<(K, Bulkhead)> = self
+            .map
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entries
             .iter()
-            .map(|(key, entry)| {
-                let bulkhead = entry.bulkhead.clone();
+            .map(|(key, entry)| (key.clone(), entry.bulkhead.clone()))
+            .collect();
+        let mut busy: Vec<(K, Bulkhead, usize, usize)> = held
+            .into_iter()
+            .map(|(key, bulkhead)| {
                 let (in_flight, waiting) = (bulkhead.in_flight(), bulkhead.waiting());
-                (key.clone(), bulkhead, in_flight, waiting)
+                (key, bulkhead, in_flight, waiting)
             })
             .filter(|&(_, _, in_flight, waiting)| in_flight + waiting > 0)
             .collect();
@@ -191,5 +308,29 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         busy.into_iter()
             .map(|(key, bulkhead, ..)| (key, bulkhead))
             .collect()
+    }
+}
+
+/// A place reserved for a key being made; given back if making it panics.
+struct Reservation<'a, K> {
+    keys: &'a Keys<K>,
+}
+
+impl<K> Reservation<'_, K> {
+    /// Gives the place back to `map`, locked already.
+    fn settle(self, map: &mut Map<K>) {
+        map.reserved -= 1;
+        std::mem::forget(self);
+    }
+}
+
+impl<K> Drop for Reservation<'_, K> {
+    fn drop(&mut self) {
+        let mut map = self
+            .keys
+            .map
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        map.reserved -= 1;
     }
 }

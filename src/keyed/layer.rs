@@ -1,6 +1,6 @@
 //! The tower layer over a keyed bulkhead.
 
-use crate::error::{ServiceSaturated, ShedReason};
+use crate::error::ServiceSaturated;
 use crate::keyed::{KeyedBulkhead, KeyedPermit};
 use crate::BoxError;
 use pin_project_lite::pin_project;
@@ -159,12 +159,16 @@ where
 
     fn call(&mut self, request: Request) -> Self::Future {
         let key = (self.key_of)(&request);
-        let shed = match self.keyed.try_acquire(&key) {
+        if !self.keyed.may_wait() {
+            return match self.keyed.try_acquire(&key) {
+                Ok(permit) => KeyedFuture::called(self.inner.call(request), permit),
+                Err(shed) => KeyedFuture::shed(shed),
+            };
+        }
+        match self.keyed.try_acquire_before_waiting(&key) {
             Ok(permit) => return KeyedFuture::called(self.inner.call(request), permit),
-            Err(shed) => shed,
-        };
-        if shed.reason() != ShedReason::LimitReached || !self.keyed.may_wait() {
-            return KeyedFuture::shed(shed);
+            Err(Some(shed)) => return KeyedFuture::shed(shed),
+            Err(None) => {}
         }
         // The ready service goes into the future; this one keeps a clone,
         // not yet ready.

@@ -13,9 +13,14 @@
 //! - **Bounded memory, whatever the keys**: at most `max_keys` keys are
 //!   held. A new key evicts one with nothing in flight and nobody waiting
 //!   (roughly the least recently used); a key with slots held is never
-//!   evicted; with none idle, the new key's call is shed with
+//!   evicted (a slot held by a leaked permit counts until it could be
+//!   reclaimed); with none idle, the new key's call is shed with
 //!   [`ShedReason::TooManyKeys`](crate::ShedReason::TooManyKeys), and
-//!   nothing is allocated for it.
+//!   nothing is allocated for it. A new key looks at no more than 128 keys
+//!   for one to evict, from where the last new key stopped, so a flood of
+//!   new keys costs a bounded amount each: with more than 128 keys busy at
+//!   once, a new key may be shed while an idle key lies further on, where
+//!   the next new key looks.
 //! - **Waiting, in turns**: a caller waits for its key's slot (the per-key
 //!   `wait`), then, holding it, for the ceiling's (the ceiling's `wait`). In
 //!   the ceiling's line the keys take turns: each key's first caller waiting

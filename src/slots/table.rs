@@ -558,6 +558,12 @@ impl SlotTable {
         self.gauge(-(slots as f64));
     }
 
+    /// How long a claim holds its slot before it may be reclaimed, in
+    /// ticks (`reclaim_after`, and the clock's margin).
+    pub(crate) fn hold(&self) -> u64 {
+        self.hold
+    }
+
     /// Admissions, ever.
     pub(crate) fn claims(&self) -> u64 {
         self.lanes.admitted()
