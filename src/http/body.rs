@@ -17,6 +17,8 @@ pub(crate) enum InFlight {
     /// Shared with the [`ReservedBytes`](super::ReservedBytes) in the
     /// request's extensions.
     Shared(Arc<Mutex<Option<Permit>>>),
+    /// A key's slot and the ceiling's, from a keyed bulkhead.
+    Keyed(#[allow(dead_code)] crate::keyed::KeyedPermit),
 }
 
 impl Drop for InFlight {

@@ -59,11 +59,11 @@
 
 #[cfg(feature = "axum")]
 mod axum;
-mod body;
+pub(crate) mod body;
 mod layer;
 mod request;
 mod reserved;
-mod response;
+pub(crate) mod response;
 mod service;
 
 pub use body::ResponseBody;

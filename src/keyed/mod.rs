@@ -35,17 +35,23 @@
 //!   plain bulkhead, reports as any bulkhead does. Per-key figures are in
 //!   [`KeyedBulkhead::status`], for the busiest keys.
 //!
-//! Not yet: turns weighted per key (deficit round robin), and an HTTP layer
-//! of its own (503 responses, slots held until the body ends).
+//! Not yet: turns weighted per key (deficit round robin).
 //!
 //! [`KeyedConcurrencyLayer`] puts a keyed bulkhead in a tower stack, with a
-//! function that picks the key from the request.
+//! function that picks the key from the request; with feature `http`,
+//! `KeyedHttpConcurrencyLayer` does it for HTTP services (the key picked
+//! from the request's head, `503` with `Retry-After` for a request shed,
+//! the slots held until the response body ends).
 
 mod bulkhead;
+#[cfg(feature = "http")]
+mod http;
 mod keys;
 mod layer;
 mod status;
 
 pub use bulkhead::{KeyedBulkhead, KeyedConfig, KeyedPermit};
+#[cfg(feature = "http")]
+pub use http::{KeyedHttpConcurrency, KeyedHttpConcurrencyLayer, KeyedHttpFuture};
 pub use layer::{KeyedConcurrency, KeyedConcurrencyLayer, KeyedFuture};
 pub use status::{KeyStatus, KeyedStatus};

@@ -1,0 +1,296 @@
+//! The HTTP layer over a keyed bulkhead: a key picked from the request's
+//! head, `503` with `Retry-After` for a shed request, the slots held until
+//! the response body ends.
+
+use crate::error::ServiceSaturated;
+use crate::http::body::InFlight;
+use crate::http::response::{retry_after_secs, service_unavailable};
+use crate::http::ResponseBody;
+use crate::keyed::{KeyedBulkhead, KeyedConfig, KeyedPermit};
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use std::fmt;
+use std::future::Future;
+use std::hash::Hash;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use tower_layer::Layer;
+use tower_service::Service;
+
+/// Wraps HTTP services in a [`KeyedHttpConcurrency`]: each request takes a
+/// slot of the key `key_of` picks from its head (a header, the route, the
+/// client's address from axum's `ConnectInfo` in the extensions) and one of
+/// the ceiling's, held until its response body ends; a request shed gets
+/// `503 Service Unavailable` with `Retry-After`.
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{routing::get, Router};
+/// use tower_inflight::keyed::{KeyedConfig, KeyedHttpConcurrencyLayer};
+/// use tower_inflight::Config;
+///
+/// // Each tenant: 8 requests at once; all tenants together: 64.
+/// let tenants = KeyedHttpConcurrencyLayer::new(
+///     KeyedConfig::new(Config::new(8, Duration::from_secs(30)).wait(Duration::from_millis(20)))
+///         .ceiling(Config::new(64, Duration::from_secs(30)).wait(Duration::from_millis(20))),
+///     |head: &http::request::Parts| {
+///         head.headers
+///             .get("x-tenant")
+///             .and_then(|tenant| tenant.to_str().ok())
+///             .unwrap_or("anonymous")
+///             .to_owned()
+///     },
+/// );
+/// let app: Router = Router::new().route("/", get(|| async { "ok" })).layer(tenants);
+/// # let _ = app;
+/// ```
+pub struct KeyedHttpConcurrencyLayer<K, F> {
+    keyed: KeyedBulkhead<K>,
+    key_of: F,
+}
+
+impl<K: Hash + Eq + Clone, F> KeyedHttpConcurrencyLayer<K, F> {
+    /// A layer with a new keyed bulkhead built from `config`.
+    ///
+    /// # Panics
+    ///
+    /// If the configuration is invalid; the message names the field. Build
+    /// the bulkhead with [`KeyedBulkhead::try_new`] and use
+    /// [`from_bulkhead`](Self::from_bulkhead) to get the error instead.
+    #[track_caller]
+    pub fn new(config: KeyedConfig<K>, key_of: F) -> Self {
+        Self::from_bulkhead(KeyedBulkhead::new(config), key_of)
+    }
+
+    /// A layer over an existing keyed bulkhead.
+    pub fn from_bulkhead(keyed: KeyedBulkhead<K>, key_of: F) -> Self {
+        Self { keyed, key_of }
+    }
+
+    /// The keyed bulkhead shared by every service this layer wraps.
+    pub fn bulkhead(&self) -> KeyedBulkhead<K> {
+        self.keyed.clone()
+    }
+}
+
+impl<K, F: Clone> Clone for KeyedHttpConcurrencyLayer<K, F> {
+    fn clone(&self) -> Self {
+        Self {
+            keyed: self.keyed.clone(),
+            key_of: self.key_of.clone(),
+        }
+    }
+}
+
+impl<K, F> fmt::Debug for KeyedHttpConcurrencyLayer<K, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedHttpConcurrencyLayer")
+            .field("keyed", &self.keyed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K, F: Clone> Layer<S> for KeyedHttpConcurrencyLayer<K, F> {
+    type Service = KeyedHttpConcurrency<S, K, F>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        KeyedHttpConcurrency {
+            inner,
+            keyed: self.keyed.clone(),
+            key_of: self.key_of.clone(),
+        }
+    }
+}
+
+/// Caps the HTTP requests in flight per key, and optionally for all keys
+/// together; built by [`KeyedHttpConcurrencyLayer`].
+///
+/// `poll_ready` is the inner service's readiness alone: the key comes with
+/// the request. A request whose key has room is called at once; one that
+/// may wait (a `wait` budget in the per-key or the ceiling's configuration)
+/// waits in its response future with a clone of the ready inner service
+/// (which is why it must be `Clone`); a request shed is answered
+/// `503 Service Unavailable` with `Retry-After` (the configuration's
+/// `retry_after`, in whole seconds). Its slots are held until the response
+/// body has been produced to its end, or dropped.
+pub struct KeyedHttpConcurrency<S, K, F> {
+    inner: S,
+    keyed: KeyedBulkhead<K>,
+    key_of: F,
+}
+
+impl<S, K, F> KeyedHttpConcurrency<S, K, F> {
+    /// The keyed bulkhead this service takes its slots from.
+    pub fn bulkhead(&self) -> &KeyedBulkhead<K> {
+        &self.keyed
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: Clone, K, F: Clone> Clone for KeyedHttpConcurrency<S, K, F> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            keyed: self.keyed.clone(),
+            key_of: self.key_of.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, K, F> fmt::Debug for KeyedHttpConcurrency<S, K, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedHttpConcurrency")
+            .field("inner", &self.inner)
+            .field("keyed", &self.keyed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K, F, ReqBody, ResBody> Service<Request<ReqBody>> for KeyedHttpConcurrency<S, K, F>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    F: Fn(&Parts) -> K,
+    ReqBody: Send + 'static,
+    ResBody: Send + 'static,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = KeyedHttpFuture<S::Future, ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let (parts, body) = request.into_parts();
+        let key = (self.key_of)(&parts);
+        let request = Request::from_parts(parts, body);
+        if !self.keyed.may_wait() {
+            return match self.keyed.try_acquire(&key) {
+                Ok(permit) => KeyedHttpFuture::called(self.inner.call(request), permit),
+                Err(shed) => KeyedHttpFuture::refused(&shed),
+            };
+        }
+        match self.keyed.try_acquire_before_waiting(&key) {
+            Ok(permit) => return KeyedHttpFuture::called(self.inner.call(request), permit),
+            Err(Some(shed)) => return KeyedHttpFuture::refused(&shed),
+            Err(None) => {}
+        }
+        // The ready service goes into the future; this one keeps a clone,
+        // not yet ready.
+        let clone = self.inner.clone();
+        let mut ready = std::mem::replace(&mut self.inner, clone);
+        let keyed = self.keyed.clone();
+        KeyedHttpFuture {
+            kind: Kind::Waiting {
+                future: Box::pin(async move {
+                    let permit = match keyed.acquire(&key).await {
+                        Ok(permit) => permit,
+                        Err(shed) => return Ok(refusal(&shed).map(ResponseBody::refusal)),
+                    };
+                    let response = ready.call(request).await?;
+                    Ok(response.map(|body| ResponseBody::streaming(body, keyed_in_flight(permit))))
+                }),
+            },
+        }
+    }
+}
+
+fn refusal(shed: &ServiceSaturated) -> Response<Bytes> {
+    service_unavailable(shed, retry_after_secs(shed.retry_after()))
+}
+
+fn keyed_in_flight(permit: KeyedPermit) -> Option<InFlight> {
+    Some(InFlight::Keyed(permit))
+}
+
+type Waiting<B, E> = Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
+
+pin_project! {
+    /// Future for [`KeyedHttpConcurrency`]'s responses: the inner call,
+    /// whose response body takes over the slots, a request waiting for
+    /// them, or a refusal ready at once.
+    pub struct KeyedHttpFuture<F, B, E> {
+        #[pin]
+        kind: Kind<F, B, E>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<F, B, E> {
+        Called { #[pin] future: F, permit: Option<KeyedPermit> },
+        Waiting { future: Waiting<B, E> },
+        Refused { response: Option<Response<Bytes>> },
+    }
+}
+
+impl<F, B, E> KeyedHttpFuture<F, B, E> {
+    fn called(future: F, permit: KeyedPermit) -> Self {
+        Self {
+            kind: Kind::Called {
+                future,
+                permit: Some(permit),
+            },
+        }
+    }
+
+    fn refused(shed: &ServiceSaturated) -> Self {
+        Self {
+            kind: Kind::Refused {
+                response: Some(refusal(shed)),
+            },
+        }
+    }
+}
+
+impl<F, B, E> Future for KeyedHttpFuture<F, B, E>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<ResponseBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Called { future, permit } => {
+                let output = ready!(future.poll(cx));
+                // On success the body carries the slots on; on error they
+                // are freed here.
+                let permit = permit.take();
+                Poll::Ready(output.map(|response| {
+                    response
+                        .map(|body| ResponseBody::streaming(body, permit.and_then(keyed_in_flight)))
+                }))
+            }
+            KindProj::Waiting { future } => future.as_mut().poll(cx),
+            KindProj::Refused { response } => {
+                let response = response
+                    .take()
+                    .expect("`KeyedHttpFuture` polled after completion");
+                Poll::Ready(Ok(response.map(ResponseBody::refusal)))
+            }
+        }
+    }
+}
+
+impl<F, B, E> fmt::Debug for KeyedHttpFuture<F, B, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match &self.kind {
+            Kind::Called { .. } => "called",
+            Kind::Waiting { .. } => "waiting",
+            Kind::Refused { .. } => "refused",
+        };
+        f.debug_struct("KeyedHttpFuture")
+            .field("kind", &kind)
+            .finish()
+    }
+}
