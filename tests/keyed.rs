@@ -380,3 +380,78 @@ fn limit_functions_may_read_the_keyed_bulkhead_and_may_panic() {
     assert!(panicked);
     assert!(admitted, "the panicking key's place was lost");
 }
+
+/// Serves `rounds` callers at a ceiling of 4 (each key's limit is 4 too),
+/// each key sending a new caller whenever one of its own is served, and
+/// each call holding its slots until 3 more have been served; says whose
+/// each was.
+async fn served_in_turns(
+    keyed: &KeyedBulkhead<&'static str>,
+    backlogs: &[(&'static str, usize)],
+    rounds: usize,
+) -> Vec<&'static str> {
+    let held: Vec<_> = (0..4)
+        .map(|_| keyed.try_acquire(&"holder").unwrap())
+        .collect();
+    let (served, mut order) = tokio::sync::mpsc::unbounded_channel();
+    let caller = |key: &'static str| {
+        let (keyed, served) = (keyed.clone(), served.clone());
+        tokio::spawn(async move {
+            let permit = keyed.acquire(&key).await.unwrap();
+            served.send((key, permit)).unwrap();
+        })
+    };
+    for &(key, backlog) in backlogs {
+        for _ in 0..backlog {
+            caller(key);
+            tokio::task::yield_now().await;
+        }
+    }
+    drop(held);
+    let mut holding = std::collections::VecDeque::new();
+    let mut keys = Vec::new();
+    for _ in 0..rounds {
+        let (key, permit) = order.recv().await.unwrap();
+        keys.push(key);
+        holding.push_back(permit);
+        // The key sends another caller, then the oldest call ends.
+        caller(key);
+        tokio::task::yield_now().await;
+        if holding.len() == 4 {
+            holding.pop_front();
+        }
+    }
+    keys
+}
+
+fn turns_config() -> KeyedConfig<&'static str> {
+    let wait = Duration::from_secs(20);
+    KeyedConfig::new(Config::new(4, LONG).wait(wait)).ceiling(Config::new(4, LONG).wait(wait))
+}
+
+/// A key of weight 2 is given two freed ceiling slots for each one a key of
+/// weight 1 is given, while both have callers waiting.
+#[tokio::test(start_paused = true)]
+async fn a_key_of_weight_two_gets_two_turns_at_the_ceiling_to_one() {
+    let keyed =
+        KeyedBulkhead::new(
+            turns_config().weight_per_key(|key: &&str| if *key == "heavy" { 2 } else { 1 }),
+        );
+    let order = served_in_turns(&keyed, &[("light", 4), ("heavy", 4)], 60).await;
+    let heavy = order.iter().filter(|key| **key == "heavy").count();
+    assert!((38..=42).contains(&heavy), "{heavy} of 60: {order:?}");
+}
+
+/// A key that keeps one caller waiting does not starve a key whose callers
+/// came in a burst: turns follow the line's virtual time, not each key's
+/// count of callers.
+#[tokio::test(start_paused = true)]
+async fn a_key_that_keeps_one_caller_waiting_does_not_starve_a_burst() {
+    let keyed = KeyedBulkhead::new(turns_config());
+    let order = served_in_turns(&keyed, &[("burst", 4), ("steady", 1)], 40).await;
+    let burst = order.iter().filter(|key| **key == "burst").count();
+    assert!(
+        (18..=22).contains(&burst),
+        "the burst got {burst} of 40 turns: {order:?}"
+    );
+}

@@ -5,6 +5,7 @@ use crate::bulkhead::{Bulkhead, Permit};
 use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::keyed::keys::{Entry, Keys, LimitOf};
+use crate::keyed::turns::{Turn, Turns};
 use crate::keyed::{KeyStatus, KeyedStatus};
 use std::fmt;
 use std::hash::Hash;
@@ -33,6 +34,7 @@ pub struct KeyedConfig<K> {
     ceiling: Option<Config>,
     limit_of: Option<LimitOf<K>>,
     guarantee_of: Option<LimitOf<K>>,
+    weight_of: Option<LimitOf<K>>,
     max_keys: usize,
 }
 
@@ -46,6 +48,7 @@ impl<K> KeyedConfig<K> {
             ceiling: None,
             limit_of: None,
             guarantee_of: None,
+            weight_of: None,
             max_keys: 1_000,
         }
     }
@@ -83,6 +86,19 @@ impl<K> KeyedConfig<K> {
         guarantee_of: impl Fn(&K) -> usize + Send + Sync + 'static,
     ) -> Self {
         self.guarantee_of = Some(Arc::new(guarantee_of));
+        self
+    }
+
+    /// Each key's weight in the ceiling's line (held to 1 ..= 64; 1 unless
+    /// set): while keys have callers waiting for the ceiling, a key of
+    /// weight 2 is given two freed slots for each one a key of weight 1 is
+    /// given. Called once, when the key's bulkhead is made, outside the
+    /// keyed bulkhead's locks.
+    pub fn weight_per_key(
+        mut self,
+        weight_of: impl Fn(&K) -> usize + Send + Sync + 'static,
+    ) -> Self {
+        self.weight_of = Some(Arc::new(weight_of));
         self
     }
 
@@ -160,6 +176,8 @@ pub struct KeyedBulkhead<K> {
 struct Inner<K> {
     keys: Keys<K>,
     ceiling: Option<Bulkhead>,
+    /// The turns of the keys waiting for the ceiling.
+    turns: Turns,
     /// For the sheds of new keys: the per-key configuration's name, limit
     /// and `retry_after`.
     per_key: Config,
@@ -192,8 +210,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
     pub fn try_new(config: KeyedConfig<K>) -> Result<Self, ConfigError> {
         config.validate()?;
         // The ceiling's line is ordered by priority: a key below its share
-        // first, then each key's first caller waiting, then each key's
-        // second, ... (see `acquire`).
+        // first, then the keys' turns (see `turns`).
         let ceiling = config
             .ceiling
             .map(|ceiling| Bulkhead::try_new(ceiling.queue_order(crate::QueueOrder::PriorityFifo)))
@@ -206,9 +223,11 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
                     ceiling.as_ref().map(Bulkhead::limit),
                     config.limit_of,
                     config.guarantee_of,
+                    config.weight_of,
                     config.max_keys,
                 ),
                 ceiling,
+                turns: Turns::default(),
                 per_key: config.per_key,
             }),
         })
@@ -258,10 +277,9 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
     /// given back.
     ///
     /// In the ceiling's line, a key's callers take turns with the other
-    /// keys': the first caller of each key waiting is served before the
-    /// second of any, and a key below its guaranteed share goes before all.
-    /// So a key with a thousand callers waiting and a key with one are
-    /// served alternately.
+    /// keys', weighted by [`KeyedConfig::weight_per_key`], and a key below
+    /// its guaranteed share goes before all. So a key with a thousand
+    /// callers waiting and a key with one are served alternately.
     pub async fn acquire(&self, key: &K) -> Result<KeyedPermit, ServiceSaturated> {
         // The entry's `Arc` keeps the key from eviction until its slot is
         // taken and the key marked used.
@@ -274,9 +292,9 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         entry.mark_used();
         let ceiling = match &self.inner.ceiling {
             Some(ceiling) => {
-                let waiting = WaitingForCeiling::enter(&entry);
-                let permit = ceiling.acquire_with_priority(waiting.priority).await?;
-                drop(waiting);
+                let mut waiting = WaitingForCeiling::enter(&entry, &self.inner.turns);
+                let permit = ceiling.acquire_with_priority(waiting.turn.priority).await?;
+                waiting.served = true;
                 Some(permit)
             }
             None => None,
@@ -358,33 +376,35 @@ impl<K> fmt::Debug for KeyedBulkhead<K> {
     }
 }
 
-/// A caller of a key in the ceiling's line, with its priority there:
-/// counted among its key's waiting callers while it waits.
+/// A caller of a key in the ceiling's line, with its turn there: counted
+/// among its key's waiting callers while it waits.
 struct WaitingForCeiling<'a> {
     entry: &'a Entry,
-    priority: i32,
+    turns: &'a Turns,
+    turn: Turn,
+    served: bool,
 }
 
 impl<'a> WaitingForCeiling<'a> {
-    fn enter(entry: &'a Entry) -> Self {
-        // Relaxed: a priority is a hint to the order of the line; a race
-        // between two callers of one key only swaps their turns.
+    fn enter(entry: &'a Entry, turns: &'a Turns) -> Self {
+        // Relaxed: a hint to the order of the line; a race between two
+        // callers of one key only swaps their turns.
         let place = entry.waiting_for_ceiling.fetch_add(1, Ordering::Relaxed);
-        let held = entry.ceiling_held();
         // Below its share: ahead of every key at or past its own.
-        let below_share = held.saturating_add(place) < entry.guarantee;
-        let place = i32::try_from(place).unwrap_or(i32::MAX);
-        let priority = if below_share {
-            i32::MIN.saturating_add(place)
-        } else {
-            place
-        };
-        Self { entry, priority }
+        let below_share = entry.ceiling_held().saturating_add(place) < entry.guarantee;
+        let turn = turns.enter(&entry.next_tag, entry.cost, below_share);
+        Self {
+            entry,
+            turns,
+            turn,
+            served: false,
+        }
     }
 }
 
 impl Drop for WaitingForCeiling<'_> {
     fn drop(&mut self) {
+        self.turns.leave(self.turn, self.served);
         self.entry
             .waiting_for_ceiling
             .fetch_sub(1, Ordering::Relaxed);

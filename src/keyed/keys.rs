@@ -4,6 +4,7 @@
 
 use crate::bulkhead::Bulkhead;
 use crate::config::Config;
+use crate::keyed::turns::cost_at;
 use crate::slots::MAX_SLOTS;
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
@@ -16,8 +17,10 @@ const SWEEP: usize = 128;
 
 /// A number per key: its own limit, from
 /// [`KeyedConfig::limit_per_key`](crate::keyed::KeyedConfig::limit_per_key),
-/// or its guaranteed share of the ceiling, from
-/// [`KeyedConfig::guarantee_per_key`](crate::keyed::KeyedConfig::guarantee_per_key).
+/// its guaranteed share of the ceiling, from
+/// [`KeyedConfig::guarantee_per_key`](crate::keyed::KeyedConfig::guarantee_per_key),
+/// or its weight, from
+/// [`KeyedConfig::weight_per_key`](crate::keyed::KeyedConfig::weight_per_key).
 pub(crate) type LimitOf<K> = Arc<dyn Fn(&K) -> usize + Send + Sync>;
 
 /// One key's bulkhead. A caller taking a slot of it holds an `Arc` of it
@@ -28,6 +31,10 @@ pub(crate) struct Entry {
     pub(crate) guarantee: usize,
     /// How many of its callers hold its slot and wait for the ceiling's.
     pub(crate) waiting_for_ceiling: AtomicUsize,
+    /// Where its next caller's turn at the ceiling starts, and what a turn
+    /// costs it (see `turns`).
+    pub(crate) next_tag: AtomicU64,
+    pub(crate) cost: u64,
     /// Used since the sweep last passed it: it is passed over once more
     /// (a second chance, which makes the sweep evict the least recently
     /// used keys first, roughly).
@@ -76,6 +83,7 @@ pub(crate) struct Keys<K> {
     max_limit: usize,
     limit_of: Option<LimitOf<K>>,
     guarantee_of: Option<LimitOf<K>>,
+    weight_of: Option<LimitOf<K>>,
     max_keys: usize,
     evicted: AtomicU64,
     refused: AtomicU64,
@@ -87,6 +95,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         max_limit: Option<usize>,
         limit_of: Option<LimitOf<K>>,
         guarantee_of: Option<LimitOf<K>>,
+        weight_of: Option<LimitOf<K>>,
         max_keys: usize,
     ) -> Self {
         Self {
@@ -99,6 +108,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             max_limit: max_limit.unwrap_or(MAX_SLOTS).clamp(1, MAX_SLOTS),
             limit_of,
             guarantee_of,
+            weight_of,
             max_keys,
             evicted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -177,6 +187,12 @@ impl<K: Hash + Eq + Clone> Keys<K> {
                 .as_ref()
                 .map_or(0, |guarantee_of| guarantee_of(key)),
             waiting_for_ceiling: AtomicUsize::new(0),
+            next_tag: AtomicU64::new(0),
+            cost: cost_at(
+                self.weight_of
+                    .as_ref()
+                    .map_or(1, |weight_of| weight_of(key) as u64),
+            ),
             // Used: a key just made has its first call coming.
             used: AtomicBool::new(true),
             unused_since: AtomicU64::new(0),

@@ -23,9 +23,12 @@
 //!   the next new key looks.
 //! - **Waiting, in turns**: a caller waits for its key's slot (the per-key
 //!   `wait`), then, holding it, for the ceiling's (the ceiling's `wait`). In
-//!   the ceiling's line the keys take turns: each key's first caller waiting
-//!   goes before any key's second, so a key with a thousand callers and a
-//!   key with one are served alternately.
+//!   the ceiling's line the keys waiting take turns, weighted
+//!   ([`KeyedConfig::weight_per_key`]) as in fair queuing: a key with a
+//!   thousand callers waiting and a key with one are served alternately, a
+//!   key of weight 2 is served twice for once, and a key that comes late
+//!   starts where the turns are, neither ahead of the keys that waited nor
+//!   behind a busy key's backlog.
 //! - **Guaranteed shares, with borrowing**: a key may be promised a share of
 //!   the ceiling ([`KeyedConfig::guarantee_per_key`]). While others are
 //!   idle, a busy key uses more than its share (up to its own limit); when a
@@ -34,8 +37,6 @@
 //! - **Metrics**: none per key (their number is unbounded); the ceiling, a
 //!   plain bulkhead, reports as any bulkhead does. Per-key figures are in
 //!   [`KeyedBulkhead::status`], for the busiest keys.
-//!
-//! Not yet: turns weighted per key (deficit round robin).
 //!
 //! [`KeyedConcurrencyLayer`] puts a keyed bulkhead in a tower stack, with a
 //! function that picks the key from the request; with feature `http`,
@@ -49,6 +50,7 @@ mod http;
 mod keys;
 mod layer;
 mod status;
+mod turns;
 
 pub use bulkhead::{KeyedBulkhead, KeyedConfig, KeyedPermit};
 #[cfg(feature = "http")]
