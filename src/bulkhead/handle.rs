@@ -497,14 +497,9 @@ impl Bulkhead {
     }
 
     /// Whether every slot taken at or before `tick` (on this bulkhead's
-    /// clock) would be reclaimed by a claim now: its deadline has passed.
+    /// clock) would be reclaimed by a claim now: its deadline has come.
     pub(crate) fn reclaimable_since(&self, tick: u64) -> bool {
-        self.shared.clock.now() > tick.saturating_add(self.shared.slots.hold())
-    }
-
-    /// Now, on this bulkhead's clock.
-    pub(crate) fn tick(&self) -> u64 {
-        self.shared.clock.now()
+        self.shared.clock.now() >= tick.saturating_add(self.shared.slots.hold())
     }
 
     /// Whether this handle is the only one, with no clone and no permit

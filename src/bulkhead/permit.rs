@@ -87,6 +87,11 @@ impl Permit {
         Self::with_share(shared, claim, Share::NONE)
     }
 
+    /// The tick at which the slot was taken, on its bulkhead's clock.
+    pub(crate) fn claimed_at(&self) -> u64 {
+        self.shared.slots.claimed_at(&self.claim)
+    }
+
     /// A permit for `claim` and the bytes of `share`, recorded on its slot
     /// already.
     #[inline(always)]

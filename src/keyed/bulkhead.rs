@@ -239,7 +239,13 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         let key = self
             .inner
             .keys
-            .with_entry(key, |entry| entry.bulkhead.try_acquire())
+            .with_entry(key, |entry| {
+                let permit = entry.bulkhead.try_acquire();
+                if let Ok(permit) = &permit {
+                    entry.taken(permit);
+                }
+                permit
+            })
             .ok_or_else(|| self.too_many_keys())??;
         let ceiling = self
             .inner
@@ -261,7 +267,13 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         let key = self
             .inner
             .keys
-            .with_entry(key, |entry| entry.bulkhead.try_acquire_unrecorded())
+            .with_entry(key, |entry| {
+                let permit = entry.bulkhead.try_acquire_unrecorded();
+                if let Some(permit) = &permit {
+                    entry.taken(permit);
+                }
+                permit
+            })
             .ok_or_else(|| Some(self.too_many_keys()))?
             .ok_or(None)?;
         let ceiling = match &self.inner.ceiling {
@@ -282,14 +294,14 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
     /// callers waiting and a key with one are served alternately.
     pub async fn acquire(&self, key: &K) -> Result<KeyedPermit, ServiceSaturated> {
         // The entry's `Arc` keeps the key from eviction until its slot is
-        // taken and the key marked used.
+        // taken and noted.
         let entry = self
             .inner
             .keys
             .entry(key)
             .ok_or_else(|| self.too_many_keys())?;
         let key = entry.bulkhead.acquire().await?;
-        entry.mark_used();
+        entry.taken(&key);
         let ceiling = match &self.inner.ceiling {
             Some(ceiling) => {
                 let mut waiting = WaitingForCeiling::enter(&entry, &self.inner.turns);

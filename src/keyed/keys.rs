@@ -2,7 +2,7 @@
 //! first call, and evicted once nothing holds it, so that no stream of
 //! distinct keys makes memory grow past `max_keys`.
 
-use crate::bulkhead::Bulkhead;
+use crate::bulkhead::{Bulkhead, Permit};
 use crate::config::Config;
 use crate::keyed::turns::cost_at;
 use crate::slots::MAX_SLOTS;
@@ -39,21 +39,31 @@ pub(crate) struct Entry {
     /// (a second chance, which makes the sweep evict the least recently
     /// used keys first, roughly).
     used: AtomicBool,
-    /// When the sweep last found it used, on its bulkhead's clock: every
-    /// slot of it taken since was marked `used`.
-    unused_since: AtomicU64,
+    /// When its latest slot was taken, on its bulkhead's clock.
+    last_taken: AtomicU64,
 }
 
 impl Entry {
     /// Marks the key used: a hint for the sweep, written only when it
     /// changes, so that a busy key's line is not written on every call.
     pub(crate) fn mark_used(&self) {
-        // Relaxed: read by the sweep under the map's write lock, which the
-        // callers of the fast path (under its read lock) synchronize with;
-        // a caller that waited stores it while it still holds its `Arc`,
-        // which keeps the key from eviction until then.
+        // Relaxed: a hint to the order of eviction, read by the sweep
+        // under the map's write lock.
         if !self.used.load(Ordering::Relaxed) {
             self.used.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Notes that `permit`, of this key's bulkhead, was taken, by a caller
+    /// that holds the map's read lock or the entry's `Arc`, so that no
+    /// sweep looks at the key before it is noted.
+    pub(crate) fn taken(&self, permit: &Permit) {
+        let at = permit.claimed_at();
+        // Relaxed: read by the sweep under the map's write lock, after the
+        // lock or the `Arc` is given up. Written only when the tick moves
+        // (at most 1,024 times a second), and never backwards.
+        if self.last_taken.load(Ordering::Relaxed) < at {
+            self.last_taken.fetch_max(at, Ordering::Relaxed);
         }
     }
 
@@ -195,7 +205,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             ),
             // Used: a key just made has its first call coming.
             used: AtomicBool::new(true),
-            unused_since: AtomicU64::new(0),
+            last_taken: AtomicU64::new(0),
         }
     }
 
@@ -236,11 +246,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
                 continue;
             };
             let used = entry.used.swap(false, Ordering::Relaxed);
-            if used {
-                let now = entry.bulkhead.tick();
-                entry.unused_since.store(now, Ordering::Relaxed);
-            }
-            if !Self::is_idle(entry, used) {
+            if !Self::is_idle(entry) {
                 ring.push_back(key);
             } else if !used {
                 if let Some(spared) = second_chance.take() {
@@ -258,23 +264,20 @@ impl<K: Hash + Eq + Clone> Keys<K> {
 
     /// Whether nobody holds or is taking a slot of `entry` (under the map's
     /// write lock: nobody can start to), but for permits that were leaked.
-    fn is_idle(entry: &Arc<Entry>, used: bool) -> bool {
+    fn is_idle(entry: &Arc<Entry>) -> bool {
         // No caller has its `Arc` (taking a slot, or waiting for one), and
         // no permit shares its bulkhead.
         if Arc::strong_count(entry) > 1 {
             return false;
         }
-        if entry.bulkhead.is_unshared() {
-            return true;
-        }
-        // A permit shares it, and nobody takes a slot: if none was taken
-        // since the sweep found it unused, and that is longer ago than a
-        // slot is held, every slot held is past its deadline, held by a
-        // permit that was leaked, and would be reclaimed by the next call.
-        !used
-            && entry
+        // A permit shares it: if its latest slot was taken `reclaim_after`
+        // ago, every slot held is past its deadline, held by a permit that
+        // was leaked (or that outlived its hold), and would be reclaimed by
+        // the next call.
+        entry.bulkhead.is_unshared()
+            || entry
                 .bulkhead
-                .reclaimable_since(entry.unused_since.load(Ordering::Relaxed))
+                .reclaimable_since(entry.last_taken.load(Ordering::Relaxed))
     }
 
     fn evict(&self, entries: &mut HashMap<K, Arc<Entry>>, key: &K) -> bool {
