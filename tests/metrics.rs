@@ -487,3 +487,50 @@ async fn the_admitted_total_never_goes_back_when_a_handed_slot_is_given_back() {
         "only the first holder was admitted"
     );
 }
+
+/// A keyed bulkhead reports no series per key, but for the keys its
+/// configuration names, each as a bulkhead of its own, and no more than 64
+/// of those whatever the keys.
+#[test]
+fn a_keyed_bulkhead_reports_only_the_keys_it_names_and_a_bounded_number() {
+    use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let keyed = KeyedBulkhead::new(
+            KeyedConfig::new(Config::new(2, Duration::from_secs(30)).name("tenants"))
+                .metrics_per_key(|key: &u32| (*key < 100).then(|| format!("t{key}")))
+                .max_keys(1_000),
+        );
+        let held = keyed.try_acquire(&7).unwrap();
+        drop(keyed.try_acquire(&500).unwrap());
+        let values = snapshot(&snapshotter);
+        assert_eq!(
+            values[&(
+                MetricKind::Gauge,
+                "tower_inflight_in_flight".to_owned(),
+                labels(&[("service", "tenants/t7")])
+            )],
+            1.0
+        );
+        let services: std::collections::HashSet<String> = values
+            .keys()
+            .flat_map(|(_, _, labels)| labels.iter())
+            .filter(|(name, _)| name == "service")
+            .map(|(_, value)| value.clone())
+            .collect();
+        assert_eq!(services.into_iter().collect::<Vec<_>>(), ["tenants/t7"]);
+        // Past 64 labels, new keys report nothing.
+        for key in 0..100 {
+            drop(keyed.try_acquire(&key).unwrap());
+        }
+        let services: std::collections::HashSet<String> = snapshot(&snapshotter)
+            .keys()
+            .flat_map(|(_, _, labels)| labels.iter())
+            .filter(|(name, _)| name == "service")
+            .map(|(_, value)| value.clone())
+            .collect();
+        assert_eq!(services.len(), 64);
+        drop(held);
+    });
+}

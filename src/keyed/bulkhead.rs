@@ -4,7 +4,7 @@
 use crate::bulkhead::{Bulkhead, Permit};
 use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
-use crate::keyed::keys::{Entry, Keys, LimitOf};
+use crate::keyed::keys::{Entry, Keys, LabelOf, LimitOf};
 use crate::keyed::turns::{Turn, Turns};
 use crate::keyed::{KeyStatus, KeyedStatus};
 use std::fmt;
@@ -35,6 +35,7 @@ pub struct KeyedConfig<K> {
     limit_of: Option<LimitOf<K>>,
     guarantee_of: Option<LimitOf<K>>,
     weight_of: Option<LimitOf<K>>,
+    label_of: Option<LabelOf<K>>,
     max_keys: usize,
 }
 
@@ -49,6 +50,7 @@ impl<K> KeyedConfig<K> {
             limit_of: None,
             guarantee_of: None,
             weight_of: None,
+            label_of: None,
             max_keys: 1_000,
         }
     }
@@ -99,6 +101,34 @@ impl<K> KeyedConfig<K> {
         weight_of: impl Fn(&K) -> usize + Send + Sync + 'static,
     ) -> Self {
         self.weight_of = Some(Arc::new(weight_of));
+        self
+    }
+
+    /// Metrics for the keys `label_of` names (with feature `metrics`): a
+    /// key given a label reports as a bulkhead named `{name}/{label}` (the
+    /// per-key configuration's name, if it has one, then the label), with
+    /// every series a bulkhead has. Keys given no label report nothing, as
+    /// every key does without this. At most 64 labels ever report (a bound
+    /// on the series, whatever the keys): past that, a new label reports
+    /// nothing. Called once, when the key's bulkhead is made.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_inflight::keyed::KeyedConfig;
+    /// use tower_inflight::Config;
+    ///
+    /// // Series for the three largest tenants only, as `tenants/acme`, ...
+    /// let config = KeyedConfig::new(Config::new(4, Duration::from_secs(30)).name("tenants"))
+    ///     .metrics_per_key(|tenant: &String| {
+    ///         ["acme", "globex", "initech"].contains(&tenant.as_str()).then(|| tenant.clone())
+    ///     });
+    /// # let _ = config;
+    /// ```
+    pub fn metrics_per_key(
+        mut self,
+        label_of: impl Fn(&K) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.label_of = Some(Arc::new(label_of));
         self
     }
 
@@ -224,6 +254,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
                     config.limit_of,
                     config.guarantee_of,
                     config.weight_of,
+                    config.label_of,
                     config.max_keys,
                 ),
                 ceiling,

@@ -6,14 +6,23 @@ use crate::bulkhead::{Bulkhead, Permit};
 use crate::config::Config;
 use crate::keyed::turns::cost_at;
 use crate::slots::MAX_SLOTS;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 /// How many keys one new key may look at to find one to evict, so that a
 /// flood of new keys while every key is busy costs a bounded amount each.
 const SWEEP: usize = 128;
+
+/// How many labels of keys ever report metrics, at most: a bound on the
+/// series a keyed bulkhead adds, whatever its keys.
+#[cfg(feature = "metrics")]
+const MAX_REPORTED_KEYS: usize = 64;
+
+/// The label a key's metrics carry, if it is one of the keys to report:
+/// from [`KeyedConfig::metrics_per_key`](crate::keyed::KeyedConfig::metrics_per_key).
+pub(crate) type LabelOf<K> = Arc<dyn Fn(&K) -> Option<String> + Send + Sync>;
 
 /// A number per key: its own limit, from
 /// [`KeyedConfig::limit_per_key`](crate::keyed::KeyedConfig::limit_per_key),
@@ -94,6 +103,12 @@ pub(crate) struct Keys<K> {
     limit_of: Option<LimitOf<K>>,
     guarantee_of: Option<LimitOf<K>>,
     weight_of: Option<LimitOf<K>>,
+    /// Without feature `metrics`, nothing reports.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    label_of: Option<LabelOf<K>>,
+    /// The labels of the keys that reported metrics so far.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    reported: Mutex<HashSet<String>>,
     max_keys: usize,
     evicted: AtomicU64,
     refused: AtomicU64,
@@ -106,6 +121,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         limit_of: Option<LimitOf<K>>,
         guarantee_of: Option<LimitOf<K>>,
         weight_of: Option<LimitOf<K>>,
+        label_of: Option<LabelOf<K>>,
         max_keys: usize,
     ) -> Self {
         Self {
@@ -119,6 +135,8 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             limit_of,
             guarantee_of,
             weight_of,
+            label_of,
+            reported: Mutex::default(),
             max_keys,
             evicted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -220,15 +238,42 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             None => config.limit,
         }
         .clamp(1, self.max_limit);
-        let make =
-            || Bulkhead::try_new(config).unwrap_or_else(|_| Bulkhead::new(self.template.clone()));
-        // No series per key: their number is unbounded. (The ceiling, a
-        // plain bulkhead, reports as any does; per-key figures are in the
-        // keyed bulkhead's status.)
+        // No series per key unless the key is one to report: their number
+        // is unbounded. (The ceiling, a plain bulkhead, reports as any does;
+        // per-key figures are in the keyed bulkhead's status.)
         #[cfg(feature = "metrics")]
-        return metrics::with_local_recorder(&metrics::NoopRecorder, make);
+        if let Some(label) = self.label_to_report(key) {
+            config.name = Some(match &config.name {
+                Some(name) => format!("{name}/{label}").into(),
+                None => label.into(),
+            });
+            return self.make(config);
+        }
+        #[cfg(feature = "metrics")]
+        return metrics::with_local_recorder(&metrics::NoopRecorder, || self.make(config));
         #[cfg(not(feature = "metrics"))]
-        make()
+        self.make(config)
+    }
+
+    fn make(&self, config: Config) -> Bulkhead {
+        Bulkhead::try_new(config).unwrap_or_else(|_| Bulkhead::new(self.template.clone()))
+    }
+
+    /// `key`'s label, if the configuration names it one to report and no
+    /// more than `MAX_REPORTED_KEYS` labels have reported (this one among
+    /// them).
+    #[cfg(feature = "metrics")]
+    fn label_to_report(&self, key: &K) -> Option<String> {
+        let label = self.label_of.as_ref()?(key)?;
+        let mut reported = self.reported.lock().unwrap_or_else(PoisonError::into_inner);
+        if reported.contains(&label) {
+            return Some(label);
+        }
+        if reported.len() >= MAX_REPORTED_KEYS {
+            return None;
+        }
+        reported.insert(label.clone());
+        Some(label)
     }
 
     /// Evicts one idle key, looking at no more than `SWEEP` keys, each once:

@@ -34,9 +34,11 @@
 //!   idle, a busy key uses more than its share (up to its own limit); when a
 //!   key below its share has callers waiting, the next slots freed go to it,
 //!   ahead of everyone (nothing running is preempted).
-//! - **Metrics**: none per key (their number is unbounded); the ceiling, a
-//!   plain bulkhead, reports as any bulkhead does. Per-key figures are in
-//!   [`KeyedBulkhead::status`], for the busiest keys.
+//! - **Metrics**: none per key by default (their number is unbounded); the
+//!   ceiling, a plain bulkhead, reports as any bulkhead does. The keys
+//!   [`KeyedConfig::metrics_per_key`] names report as bulkheads of their own,
+//!   64 labels at most. Per-key figures are in [`KeyedBulkhead::status`], for
+//!   the busiest keys.
 //!
 //! [`KeyedConcurrencyLayer`] puts a keyed bulkhead in a tower stack, with a
 //! function that picks the key from the request; with feature `http`,
