@@ -1,8 +1,10 @@
 //! What a key costs a call: `try_acquire` + drop on a keyed bulkhead (an
-//! existing key of 1,000, a `u64`), beside the same on a plain bulkhead and
+//! existing key of 1,000, a `u64`), beside the same on a plain bulkhead,
 //! beside a plain bulkhead plus a lookup in a `HashMap` of 1,000 keys (what
-//! "a hash lookup over the plain bulkhead" costs), taking turns
-//! (`support::interleaved`).
+//! "a hash lookup over the plain bulkhead" costs, for a set of keys fixed
+//! in advance), and beside a plain bulkhead plus a lookup in a `HashMap`
+//! behind a `RwLock` (the least a set of keys that changes while calls run
+//! needs), taking turns (`support::interleaved`).
 //!
 //! Run with `cargo bench --bench keyed`.
 
@@ -10,6 +12,7 @@ mod support;
 
 use criterion::{black_box, criterion_main, Criterion};
 use std::collections::HashMap;
+use std::sync::RwLock;
 use std::time::Duration;
 use support::{each, interleaved, Turn};
 use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig};
@@ -28,6 +31,7 @@ fn try_acquire_drop(c: &mut Criterion) {
     let map: HashMap<u64, Bulkhead> = (0..KEYS)
         .map(|key| (key, Bulkhead::new(Config::new(LIMIT, RECLAIM_AFTER))))
         .collect();
+    let locked = RwLock::new(map.clone());
     for key in 0..KEYS {
         drop(keyed.try_acquire(&key).unwrap());
     }
@@ -44,13 +48,22 @@ fn try_acquire_drop(c: &mut Criterion) {
         let bulkhead = &black_box(&map)[&next()];
         black_box(bulkhead.try_acquire().is_ok());
     });
+    let locked_calls = each(|| {
+        let map = black_box(&locked).read().unwrap();
+        black_box(map[&next()].try_acquire().is_ok());
+    });
     let keyed_calls = each(|| {
         black_box(black_box(&keyed).try_acquire(&next()).is_ok());
     });
-    let turns: [Turn<'_>; 3] = [&plain_calls, &map_calls, &keyed_calls];
-    for (mine, name) in ["plain", "plain_and_a_hash_lookup", "keyed"]
-        .into_iter()
-        .enumerate()
+    let turns: [Turn<'_>; 4] = [&plain_calls, &map_calls, &locked_calls, &keyed_calls];
+    for (mine, name) in [
+        "plain",
+        "plain_and_a_hash_lookup",
+        "plain_and_a_locked_hash_lookup",
+        "keyed",
+    ]
+    .into_iter()
+    .enumerate()
     {
         group.bench_function(name, |b| {
             b.iter_custom(|iters| interleaved(iters, &turns, mine))

@@ -4,7 +4,7 @@
 use crate::bulkhead::{Bulkhead, Permit};
 use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
-use crate::keyed::keys::{Entry, Keys, LabelOf, LimitOf};
+use crate::keyed::keys::{KeyLine, Keys, LabelOf, LimitOf};
 use crate::keyed::turns::{Turn, Turns};
 use crate::keyed::{KeyStatus, KeyedStatus};
 use std::fmt;
@@ -270,7 +270,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         let key = self
             .inner
             .keys
-            .with_entry(key, |entry| {
+            .find(key, |entry| {
                 let permit = entry.bulkhead.try_acquire();
                 if let Ok(permit) = &permit {
                     entry.taken(permit);
@@ -298,7 +298,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         let key = self
             .inner
             .keys
-            .with_entry(key, |entry| {
+            .find(key, |entry| {
                 let permit = entry.bulkhead.try_acquire_unrecorded();
                 if let Some(permit) = &permit {
                     entry.taken(permit);
@@ -324,18 +324,18 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
     /// its guaranteed share goes before all. So a key with a thousand
     /// callers waiting and a key with one are served alternately.
     pub async fn acquire(&self, key: &K) -> Result<KeyedPermit, ServiceSaturated> {
-        // The entry's `Arc` keeps the key from eviction until its slot is
+        // The line's `Arc` keeps the key from eviction until its slot is
         // taken and noted.
-        let entry = self
+        let (bulkhead, line) = self
             .inner
             .keys
-            .entry(key)
+            .find(key, |entry| (entry.bulkhead.clone(), entry.line.clone()))
             .ok_or_else(|| self.too_many_keys())?;
-        let key = entry.bulkhead.acquire().await?;
-        entry.taken(&key);
+        let key = bulkhead.acquire().await?;
+        line.taken(&key);
         let ceiling = match &self.inner.ceiling {
             Some(ceiling) => {
-                let mut waiting = WaitingForCeiling::enter(&entry, &self.inner.turns);
+                let mut waiting = WaitingForCeiling::enter(&line, &bulkhead, &self.inner.turns);
                 let permit = ceiling.acquire_with_priority(waiting.turn.priority).await?;
                 waiting.served = true;
                 Some(permit)
@@ -422,22 +422,22 @@ impl<K> fmt::Debug for KeyedBulkhead<K> {
 /// A caller of a key in the ceiling's line, with its turn there: counted
 /// among its key's waiting callers while it waits.
 struct WaitingForCeiling<'a> {
-    entry: &'a Entry,
+    line: &'a KeyLine,
     turns: &'a Turns,
     turn: Turn,
     served: bool,
 }
 
 impl<'a> WaitingForCeiling<'a> {
-    fn enter(entry: &'a Entry, turns: &'a Turns) -> Self {
+    fn enter(line: &'a KeyLine, bulkhead: &Bulkhead, turns: &'a Turns) -> Self {
         // Relaxed: a hint to the order of the line; a race between two
         // callers of one key only swaps their turns.
-        let place = entry.waiting_for_ceiling.fetch_add(1, Ordering::Relaxed);
+        let place = line.waiting_for_ceiling.fetch_add(1, Ordering::Relaxed);
         // Below its share: ahead of every key at or past its own.
-        let below_share = entry.ceiling_held().saturating_add(place) < entry.guarantee;
-        let turn = turns.enter(&entry.next_tag, entry.cost, below_share);
+        let below_share = line.ceiling_held(bulkhead).saturating_add(place) < line.guarantee;
+        let turn = turns.enter(&line.next_tag, line.cost, below_share);
         Self {
-            entry,
+            line,
             turns,
             turn,
             served: false,
@@ -448,7 +448,7 @@ impl<'a> WaitingForCeiling<'a> {
 impl Drop for WaitingForCeiling<'_> {
     fn drop(&mut self) {
         self.turns.leave(self.turn, self.served);
-        self.entry
+        self.line
             .waiting_for_ceiling
             .fetch_sub(1, Ordering::Relaxed);
     }

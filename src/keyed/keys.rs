@@ -32,10 +32,24 @@ pub(crate) type LabelOf<K> = Arc<dyn Fn(&K) -> Option<String> + Send + Sync>;
 /// [`KeyedConfig::weight_per_key`](crate::keyed::KeyedConfig::weight_per_key).
 pub(crate) type LimitOf<K> = Arc<dyn Fn(&K) -> usize + Send + Sync>;
 
-/// One key's bulkhead. A caller taking a slot of it holds an `Arc` of it
-/// (or the map's lock); a permit shares its bulkhead.
+/// One key's bulkhead, in the map. A caller taking a slot of it from the
+/// map holds the map's read lock; one that waits for a slot holds an `Arc`
+/// of its line; a permit shares its bulkhead. What every call touches is
+/// here, beside the key, rather than behind a pointer.
 pub(crate) struct Entry {
     pub(crate) bulkhead: Bulkhead,
+    /// Used since the sweep last passed it: it is passed over once more
+    /// (a second chance, which makes the sweep evict the least recently
+    /// used keys first, roughly).
+    used: AtomicBool,
+    /// When its latest slot was taken by a caller that did not wait, on its
+    /// bulkhead's clock.
+    last_taken: AtomicU64,
+    pub(crate) line: Arc<KeyLine>,
+}
+
+/// What a key's callers that wait share: its place in the ceiling's line.
+pub(crate) struct KeyLine {
     /// How many of the ceiling's slots it is promised.
     pub(crate) guarantee: usize,
     /// How many of its callers hold its slot and wait for the ceiling's.
@@ -44,18 +58,14 @@ pub(crate) struct Entry {
     /// costs it (see `turns`).
     pub(crate) next_tag: AtomicU64,
     pub(crate) cost: u64,
-    /// Used since the sweep last passed it: it is passed over once more
-    /// (a second chance, which makes the sweep evict the least recently
-    /// used keys first, roughly).
-    used: AtomicBool,
-    /// When its latest slot was taken, on its bulkhead's clock.
+    /// When its latest slot was taken by a caller that waited.
     last_taken: AtomicU64,
 }
 
 impl Entry {
     /// Marks the key used: a hint for the sweep, written only when it
     /// changes, so that a busy key's line is not written on every call.
-    pub(crate) fn mark_used(&self) {
+    fn mark_used(&self) {
         // Relaxed: a hint to the order of eviction, read by the sweep
         // under the map's write lock.
         if !self.used.load(Ordering::Relaxed) {
@@ -63,31 +73,45 @@ impl Entry {
         }
     }
 
-    /// Notes that `permit`, of this key's bulkhead, was taken, by a caller
-    /// that holds the map's read lock or the entry's `Arc`, so that no
-    /// sweep looks at the key before it is noted.
+    /// Notes that `permit`, of this key's bulkhead, was taken by a caller
+    /// under the map's read lock.
     pub(crate) fn taken(&self, permit: &Permit) {
-        let at = permit.claimed_at();
-        // Relaxed: read by the sweep under the map's write lock, after the
-        // lock or the `Arc` is given up. Written only when the tick moves
-        // (at most 1,024 times a second), and never backwards.
-        if self.last_taken.load(Ordering::Relaxed) < at {
-            self.last_taken.fetch_max(at, Ordering::Relaxed);
-        }
+        note_taken(&self.last_taken, permit);
+    }
+}
+
+impl KeyLine {
+    /// Notes that `permit`, of this key's bulkhead, was taken by a caller
+    /// that holds this line's `Arc`.
+    pub(crate) fn taken(&self, permit: &Permit) {
+        note_taken(&self.last_taken, permit);
     }
 
-    /// How many of the ceiling's slots it holds: its slots held, less its
-    /// callers still waiting for the ceiling's. (A hint: a leaked permit
-    /// counts until its slot is reclaimed.)
-    pub(crate) fn ceiling_held(&self) -> usize {
-        self.bulkhead
+    /// How many of the ceiling's slots the key of `bulkhead` holds: its
+    /// slots held, less its callers still waiting for the ceiling's. (A
+    /// hint: a leaked permit counts until its slot is reclaimed.)
+    pub(crate) fn ceiling_held(&self, bulkhead: &Bulkhead) -> usize {
+        bulkhead
             .in_flight()
             .saturating_sub(self.waiting_for_ceiling.load(Ordering::Relaxed))
     }
 }
 
+/// Notes in `last_taken` the tick at which `permit` was taken, by a caller
+/// that holds the map's read lock or the key line's `Arc`, so that no sweep
+/// looks at the key before it is noted.
+fn note_taken(last_taken: &AtomicU64, permit: &Permit) {
+    let at = permit.claimed_at();
+    // Relaxed: read by the sweep under the map's write lock, after the lock
+    // or the `Arc` is given up. Written only when the tick moves (at most
+    // 1,024 times a second), and never backwards.
+    if last_taken.load(Ordering::Relaxed) < at {
+        last_taken.fetch_max(at, Ordering::Relaxed);
+    }
+}
+
 struct Map<K> {
-    entries: HashMap<K, Arc<Entry>>,
+    entries: HashMap<K, Entry>,
     /// Every key in `entries`, once, in the order the sweep visits them.
     ring: VecDeque<K>,
     /// Places taken by keys being made outside the lock.
@@ -143,47 +167,31 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         }
     }
 
-    /// `take` of `key`'s entry, made if it is new; `None` if it is new and
-    /// `max_keys` keys are held, none of them idle.
+    /// `found` of `key`'s entry, made if it is new; `None` if it is new
+    /// and `max_keys` keys are held, none of them idle.
     ///
-    /// `take` runs under the map's read lock when the key is held already:
-    /// the sweep, under the write lock, then never sees a caller between
-    /// finding the key and taking its slot, without the caller counting
-    /// itself in and out of the entry's `Arc`.
+    /// `found` runs under the map's lock: the sweep, under the write lock,
+    /// never sees a caller between finding the key and taking its slot (or
+    /// the `Arc` of its line, for a caller that waits).
     #[inline]
-    pub(crate) fn with_entry<R>(&self, key: &K, take: impl FnOnce(&Entry) -> R) -> Option<R> {
+    pub(crate) fn find<R>(&self, key: &K, found: impl FnOnce(&Entry) -> R) -> Option<R> {
         {
             let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
             if let Some(entry) = map.entries.get(key) {
                 entry.mark_used();
-                return Some(take(entry));
+                return Some(found(entry));
             }
         }
-        // A new key: its entry's `Arc` keeps it from eviction meanwhile.
-        let entry = self.insert(key)?;
-        Some(take(&entry))
-    }
-
-    /// `key`'s entry, made if it is new, for a caller that may wait: the
-    /// `Arc` keeps the key from eviction until it is dropped.
-    pub(crate) fn entry(&self, key: &K) -> Option<Arc<Entry>> {
-        {
-            let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
-            if let Some(entry) = map.entries.get(key) {
-                entry.mark_used();
-                return Some(entry.clone());
-            }
-        }
-        self.insert(key)
+        self.insert(key, found)
     }
 
     #[cold]
-    fn insert(&self, key: &K) -> Option<Arc<Entry>> {
+    fn insert<R>(&self, key: &K, found: impl FnOnce(&Entry) -> R) -> Option<R> {
         // Room first: a key refused allocates nothing.
         {
             let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
             if let Some(entry) = map.entries.get(key) {
-                return Some(entry.clone()); // made meanwhile
+                return Some(found(entry)); // made meanwhile
             }
             if map.entries.len() + map.reserved >= self.max_keys && !self.evict_one(&mut map) {
                 self.refused.fetch_add(1, Ordering::Relaxed);
@@ -196,34 +204,38 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         let reservation = Reservation { keys: self };
         // Made outside the lock: a key with a large limit takes a while to
         // build, and the limit functions may look at this keyed bulkhead.
-        let entry = Arc::new(self.make_entry(key));
+        let entry = self.make_entry(key);
         let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
         reservation.settle(&mut map);
         if let Some(entry) = map.entries.get(key) {
-            return Some(entry.clone()); // made meanwhile: ours is dropped
+            return Some(found(entry)); // made meanwhile: ours is dropped
         }
-        map.entries.insert(key.clone(), entry.clone());
+        let found = found(&entry);
+        map.entries.insert(key.clone(), entry);
         map.ring.push_back(key.clone());
-        Some(entry)
+        Some(found)
     }
 
     fn make_entry(&self, key: &K) -> Entry {
         Entry {
             bulkhead: self.bulkhead_for(key),
-            guarantee: self
-                .guarantee_of
-                .as_ref()
-                .map_or(0, |guarantee_of| guarantee_of(key)),
-            waiting_for_ceiling: AtomicUsize::new(0),
-            next_tag: AtomicU64::new(0),
-            cost: cost_at(
-                self.weight_of
-                    .as_ref()
-                    .map_or(1, |weight_of| weight_of(key) as u64),
-            ),
             // Used: a key just made has its first call coming.
             used: AtomicBool::new(true),
             last_taken: AtomicU64::new(0),
+            line: Arc::new(KeyLine {
+                guarantee: self
+                    .guarantee_of
+                    .as_ref()
+                    .map_or(0, |guarantee_of| guarantee_of(key)),
+                waiting_for_ceiling: AtomicUsize::new(0),
+                next_tag: AtomicU64::new(0),
+                cost: cost_at(
+                    self.weight_of
+                        .as_ref()
+                        .map_or(1, |weight_of| weight_of(key) as u64),
+                ),
+                last_taken: AtomicU64::new(0),
+            }),
         }
     }
 
@@ -309,23 +321,24 @@ impl<K: Hash + Eq + Clone> Keys<K> {
 
     /// Whether nobody holds or is taking a slot of `entry` (under the map's
     /// write lock: nobody can start to), but for permits that were leaked.
-    fn is_idle(entry: &Arc<Entry>) -> bool {
-        // No caller has its `Arc` (taking a slot, or waiting for one), and
+    fn is_idle(entry: &Entry) -> bool {
+        // No caller waits for a slot of it (holding its line's `Arc`), and
         // no permit shares its bulkhead.
-        if Arc::strong_count(entry) > 1 {
+        if Arc::strong_count(&entry.line) > 1 {
             return false;
         }
         // A permit shares it: if its latest slot was taken `reclaim_after`
         // ago, every slot held is past its deadline, held by a permit that
         // was leaked (or that outlived its hold), and would be reclaimed by
         // the next call.
-        entry.bulkhead.is_unshared()
-            || entry
-                .bulkhead
-                .reclaimable_since(entry.last_taken.load(Ordering::Relaxed))
+        let last_taken = entry
+            .last_taken
+            .load(Ordering::Relaxed)
+            .max(entry.line.last_taken.load(Ordering::Relaxed));
+        entry.bulkhead.is_unshared() || entry.bulkhead.reclaimable_since(last_taken)
     }
 
-    fn evict(&self, entries: &mut HashMap<K, Arc<Entry>>, key: &K) -> bool {
+    fn evict(&self, entries: &mut HashMap<K, Entry>, key: &K) -> bool {
         entries.remove(key);
         self.evicted.fetch_add(1, Ordering::Relaxed);
         true
