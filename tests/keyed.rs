@@ -455,3 +455,23 @@ async fn a_key_that_keeps_one_caller_waiting_does_not_starve_a_burst() {
         "the burst got {burst} of 40 turns: {order:?}"
     );
 }
+
+/// A permit that outlived its hold and was dropped after its key's slot
+/// was reclaimed by another call frees nothing of the new holder's, and a
+/// slot released is free at once (no cooldown), per key as for any
+/// bulkhead.
+#[test]
+fn a_late_release_frees_nothing_of_the_new_holder_s_and_a_release_is_free_at_once() {
+    let clock = ManualClock::new();
+    let keyed = KeyedBulkhead::new(KeyedConfig::new(
+        Config::new(1, Duration::from_secs(10)).clock(clock.clone()),
+    ));
+    let slow = keyed.try_acquire(&"a").unwrap();
+    clock.advance(Duration::from_secs(10));
+    let reclaimed = keyed.try_acquire(&"a").unwrap();
+    assert!(reclaimed.key_permit().was_reclaimed());
+    drop(slow);
+    assert_eq!(reason(keyed.try_acquire(&"a")), ShedReason::LimitReached);
+    drop(reclaimed);
+    assert!(keyed.try_acquire(&"a").is_ok());
+}
