@@ -4,7 +4,7 @@
 use crate::bulkhead::drain::RECHECK;
 use crate::bulkhead::{Acquire, BorrowedPermit, Permit, Shared};
 use crate::config::{Config, ConfigError};
-use crate::error::ServiceSaturated;
+use crate::error::{ServiceSaturated, ShedReason};
 use crate::observe::Status;
 use crate::sync::Arc;
 use crate::ticket::Ticket;
@@ -494,6 +494,12 @@ impl Bulkhead {
         let now = self.shared.clock.now();
         let claim = self.shared.try_claim_weighted(1, now).ok()?;
         Some(Permit::new(self.shared.clone(), claim))
+    }
+
+    /// A shed for `reason`, recorded (counts, event, metrics, tracing) as
+    /// any of this bulkhead's: for a refusal decided outside it.
+    pub(crate) fn shed_now(&self, reason: ShedReason) -> ServiceSaturated {
+        self.shared.saturated_at(reason, self.shared.clock.now())
     }
 
     /// Whether every slot taken at or before `tick` (on this bulkhead's

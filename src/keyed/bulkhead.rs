@@ -6,7 +6,7 @@ use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::keyed::keys::{KeyLine, Keys, LabelOf, LimitOf};
 use crate::keyed::turns::{Turn, Turns};
-use crate::keyed::{KeyStatus, KeyedStatus};
+use crate::keyed::KeyedStatus;
 use std::fmt;
 use std::hash::Hash;
 use std::sync::atomic::Ordering;
@@ -76,13 +76,17 @@ impl<K> KeyedConfig<K> {
         self
     }
 
-    /// How many of the ceiling's slots each key is promised. A key holding
-    /// fewer than its share, whose callers wait for the ceiling, gets the
-    /// next slots freed, before the keys that borrowed past theirs (nothing
-    /// running is preempted). While others are idle, any key may use more
-    /// than its share, up to its own limit. Called once, when the key's
-    /// bulkhead is made. Keep the shares' sum within the ceiling: only then
-    /// can each be met.
+    /// How many of the ceiling's slots each key is promised. A caller that
+    /// comes to the ceiling's line while its key holds fewer than its share
+    /// (counting its key's callers already in line) gets the next slot
+    /// freed, before every caller of a key that did not (nothing running
+    /// is preempted). Whether a key is below its share is judged as its
+    /// caller comes to the line: a caller that came while its key was at
+    /// its share takes its turn like any, even if its key's calls end
+    /// meanwhile. While others are idle, any key may use more than its
+    /// share, up to its own limit. Called once, when the key's bulkhead is
+    /// made. Keep the shares' sum within the ceiling: only then can each be
+    /// met.
     pub fn guarantee_per_key(
         mut self,
         guarantee_of: impl Fn(&K) -> usize + Send + Sync + 'static,
@@ -267,6 +271,13 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
     /// Takes a slot of `key`'s and one of the ceiling's, both or neither;
     /// never waits.
     pub fn try_acquire(&self, key: &K) -> Result<KeyedPermit, ServiceSaturated> {
+        // A full ceiling sheds before the key's slot is taken, so that the
+        // key counts no admission for a call the ceiling refuses.
+        if let Some(ceiling) = &self.inner.ceiling {
+            if ceiling.is_saturated() {
+                return Err(ceiling.shed_now(ShedReason::LimitReached));
+            }
+        }
         let key = self
             .inner
             .keys
@@ -289,29 +300,44 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
 
     /// [`try_acquire`](Self::try_acquire) for a caller that waits next if
     /// it is refused: a refusal for want of a slot is not recorded, since
-    /// the wait records what comes of the call. `Err(None)` is that
-    /// refusal; `Err(Some(shed))` is one that waiting cannot mend.
-    pub(crate) fn try_acquire_before_waiting(
-        &self,
-        key: &K,
-    ) -> Result<KeyedPermit, Option<ServiceSaturated>> {
-        let key = self
+    /// the wait records what comes of the call, and a key's slot taken is
+    /// kept for the wait for the ceiling's.
+    pub(crate) fn try_acquire_before_waiting(&self, key: &K) -> Result<KeyedPermit, NotYet> {
+        if self
+            .inner
+            .ceiling
+            .as_ref()
+            .is_some_and(Bulkhead::is_saturated)
+        {
+            return Err(NotYet::WaitForKey);
+        }
+        let (permit, bulkhead, line) = self
             .inner
             .keys
             .find(key, |entry| {
-                let permit = entry.bulkhead.try_acquire_unrecorded();
-                if let Some(permit) = &permit {
-                    entry.taken(permit);
-                }
-                permit
+                let permit = entry.bulkhead.try_acquire_unrecorded()?;
+                entry.taken(&permit);
+                Some((permit, entry.bulkhead.clone(), entry.line.clone()))
             })
-            .ok_or_else(|| Some(self.too_many_keys()))?
-            .ok_or(None)?;
-        let ceiling = match &self.inner.ceiling {
-            Some(ceiling) => Some(ceiling.try_acquire_unrecorded().ok_or(None)?),
-            None => None,
+            .ok_or_else(|| NotYet::Shed(self.too_many_keys()))?
+            .ok_or(NotYet::WaitForKey)?;
+        let Some(ceiling) = &self.inner.ceiling else {
+            return Ok(KeyedPermit {
+                key: permit,
+                ceiling: None,
+            });
         };
-        Ok(KeyedPermit { key, ceiling })
+        match ceiling.try_acquire_unrecorded() {
+            Some(ceiling) => Ok(KeyedPermit {
+                key: permit,
+                ceiling: Some(ceiling),
+            }),
+            None => Err(NotYet::WaitForCeiling(HeldKey {
+                permit,
+                bulkhead,
+                line,
+            })),
+        }
     }
 
     /// Takes a slot of `key`'s, waiting for one up to the `wait` budget of
@@ -321,32 +347,62 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
     ///
     /// In the ceiling's line, a key's callers take turns with the other
     /// keys', weighted by [`KeyedConfig::weight_per_key`], and a key below
-    /// its guaranteed share goes before all. So a key with a thousand
-    /// callers waiting and a key with one are served alternately.
+    /// its guaranteed share when its caller comes to the line goes before
+    /// all. So a key with a thousand callers waiting and a key with one are
+    /// served alternately.
     pub async fn acquire(&self, key: &K) -> Result<KeyedPermit, ServiceSaturated> {
-        // The line's `Arc` keeps the key from eviction until its slot is
-        // taken and noted.
-        let (bulkhead, line) = self
-            .inner
-            .keys
-            .find(key, |entry| (entry.bulkhead.clone(), entry.line.clone()))
-            .ok_or_else(|| self.too_many_keys())?;
-        let key = bulkhead.acquire().await?;
-        line.taken(&key);
-        let ceiling = match &self.inner.ceiling {
-            Some(ceiling) => {
-                let mut waiting = WaitingForCeiling::enter(&line, &bulkhead, &self.inner.turns);
-                let permit = ceiling.acquire_with_priority(waiting.turn.priority).await?;
-                waiting.served = true;
-                Some(permit)
+        self.acquire_after(key, None).await
+    }
+
+    /// [`acquire`](Self::acquire) for a caller that may hold its key's slot
+    /// already, from [`try_acquire_before_waiting`](Self::try_acquire_before_waiting).
+    pub(crate) async fn acquire_after(
+        &self,
+        key: &K,
+        held: Option<HeldKey>,
+    ) -> Result<KeyedPermit, ServiceSaturated> {
+        let held = match held {
+            Some(held) => held,
+            None => {
+                // The line's `Arc` keeps the key from eviction until its
+                // slot is taken and noted.
+                let (bulkhead, line) = self
+                    .inner
+                    .keys
+                    .find(key, |entry| (entry.bulkhead.clone(), entry.line.clone()))
+                    .ok_or_else(|| self.too_many_keys())?;
+                let permit = bulkhead.acquire().await?;
+                line.taken(&permit);
+                HeldKey {
+                    permit,
+                    bulkhead,
+                    line,
+                }
             }
-            None => None,
         };
-        Ok(KeyedPermit { key, ceiling })
+        let Some(ceiling) = &self.inner.ceiling else {
+            return Ok(KeyedPermit {
+                key: held.permit,
+                ceiling: None,
+            });
+        };
+        let mut waiting = WaitingForCeiling::enter(&held.line, &held.bulkhead, &self.inner.turns);
+        let permit = ceiling.acquire_with_priority(waiting.turn.priority).await?;
+        waiting.served = true;
+        drop(waiting);
+        Ok(KeyedPermit {
+            key: held.permit,
+            ceiling: Some(permit),
+        })
     }
 
     #[cold]
     fn too_many_keys(&self) -> ServiceSaturated {
+        // Recorded by the ceiling (counts, event, metrics, tracing), if
+        // there is one: no key has a bulkhead to record it.
+        if let Some(ceiling) = &self.inner.ceiling {
+            return ceiling.shed_now(ShedReason::TooManyKeys);
+        }
         let per_key = &self.inner.per_key;
         ServiceSaturated::new(
             per_key.name.clone(),
@@ -387,17 +443,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             evicted: keys.evicted(),
             refused_new_keys: keys.refused(),
             ceiling: self.inner.ceiling.as_ref().map(Bulkhead::status),
-            busiest: keys
-                .busiest(busiest)
-                .into_iter()
-                .map(|(key, bulkhead)| KeyStatus {
-                    key,
-                    limit: bulkhead.limit(),
-                    in_flight: bulkhead.in_flight(),
-                    waiting: bulkhead.waiting(),
-                    totals: bulkhead.status().totals,
-                })
-                .collect(),
+            busiest: keys.busiest(busiest),
         }
     }
 }
@@ -419,6 +465,25 @@ impl<K> fmt::Debug for KeyedBulkhead<K> {
     }
 }
 
+/// Why [`KeyedBulkhead::try_acquire_before_waiting`] admitted nobody.
+pub(crate) enum NotYet {
+    /// Waiting cannot mend it.
+    Shed(ServiceSaturated),
+    /// Wait for the key's slot, then the ceiling's.
+    WaitForKey,
+    /// Wait for the ceiling's slot, holding the key's.
+    WaitForCeiling(HeldKey),
+}
+
+/// A key's slot held by a caller that waits for the ceiling's, with what
+/// it needs of the key meanwhile (its line's `Arc` keeps the key from
+/// eviction).
+pub(crate) struct HeldKey {
+    permit: Permit,
+    bulkhead: Bulkhead,
+    line: Arc<KeyLine>,
+}
+
 /// A caller of a key in the ceiling's line, with its turn there: counted
 /// among its key's waiting callers while it waits.
 struct WaitingForCeiling<'a> {
@@ -435,7 +500,7 @@ impl<'a> WaitingForCeiling<'a> {
         let place = line.waiting_for_ceiling.fetch_add(1, Ordering::Relaxed);
         // Below its share: ahead of every key at or past its own.
         let below_share = line.ceiling_held(bulkhead).saturating_add(place) < line.guarantee;
-        let turn = turns.enter(&line.next_tag, line.cost, below_share);
+        let turn = turns.enter(&line.turn, line.weight, below_share);
         Self {
             line,
             turns,
@@ -447,7 +512,7 @@ impl<'a> WaitingForCeiling<'a> {
 
 impl Drop for WaitingForCeiling<'_> {
     fn drop(&mut self) {
-        self.turns.leave(self.turn, self.served);
+        self.turns.leave(&self.line.turn, self.turn, self.served);
         self.line
             .waiting_for_ceiling
             .fetch_sub(1, Ordering::Relaxed);

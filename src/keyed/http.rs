@@ -6,6 +6,7 @@ use crate::error::ServiceSaturated;
 use crate::http::body::InFlight;
 use crate::http::response::{retry_after_secs, service_unavailable};
 use crate::http::ResponseBody;
+use crate::keyed::bulkhead::NotYet;
 use crate::keyed::{KeyedBulkhead, KeyedConfig, KeyedPermit};
 use bytes::Bytes;
 use http::request::Parts;
@@ -180,11 +181,12 @@ where
                 Err(shed) => KeyedHttpFuture::refused(&shed),
             };
         }
-        match self.keyed.try_acquire_before_waiting(&key) {
+        let held = match self.keyed.try_acquire_before_waiting(&key) {
             Ok(permit) => return KeyedHttpFuture::called(self.inner.call(request), permit),
-            Err(Some(shed)) => return KeyedHttpFuture::refused(&shed),
-            Err(None) => {}
-        }
+            Err(NotYet::Shed(shed)) => return KeyedHttpFuture::refused(&shed),
+            Err(NotYet::WaitForKey) => None,
+            Err(NotYet::WaitForCeiling(held)) => Some(held),
+        };
         // The ready service goes into the future; this one keeps a clone,
         // not yet ready.
         let clone = self.inner.clone();
@@ -193,7 +195,7 @@ where
         KeyedHttpFuture {
             kind: Kind::Waiting {
                 future: Box::pin(async move {
-                    let permit = match keyed.acquire(&key).await {
+                    let permit = match keyed.acquire_after(&key, held).await {
                         Ok(permit) => permit,
                         Err(shed) => return Ok(refusal(&shed).map(ResponseBody::refusal)),
                     };

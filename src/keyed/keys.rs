@@ -4,11 +4,12 @@
 
 use crate::bulkhead::{Bulkhead, Permit};
 use crate::config::Config;
-use crate::keyed::turns::cost_at;
+use crate::keyed::turns::{weight, KeyTurn};
+use crate::keyed::KeyStatus;
 use crate::slots::MAX_SLOTS;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 /// How many keys one new key may look at to find one to evict, so that a
@@ -54,10 +55,10 @@ pub(crate) struct KeyLine {
     pub(crate) guarantee: usize,
     /// How many of its callers hold its slot and wait for the ceiling's.
     pub(crate) waiting_for_ceiling: AtomicUsize,
-    /// Where its next caller's turn at the ceiling starts, and what a turn
-    /// costs it (see `turns`).
-    pub(crate) next_tag: AtomicU64,
-    pub(crate) cost: u64,
+    /// Its place in turn at the ceiling, and its weight there (see
+    /// `turns`).
+    pub(crate) turn: KeyTurn,
+    pub(crate) weight: u64,
     /// When its latest slot was taken by a caller that waited.
     last_taken: AtomicU64,
 }
@@ -114,8 +115,10 @@ struct Map<K> {
     entries: HashMap<K, Entry>,
     /// Every key in `entries`, once, in the order the sweep visits them.
     ring: VecDeque<K>,
-    /// Places taken by keys being made outside the lock.
+    /// Places taken by keys being made outside the lock: one for each key
+    /// in `making`.
     reserved: usize,
+    making: HashSet<K>,
 }
 
 pub(crate) struct Keys<K> {
@@ -153,6 +156,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
                 entries: HashMap::new(),
                 ring: VecDeque::new(),
                 reserved: 0,
+                making: HashSet::new(),
             }),
             template,
             max_limit: max_limit.unwrap_or(MAX_SLOTS).clamp(1, MAX_SLOTS),
@@ -187,33 +191,57 @@ impl<K: Hash + Eq + Clone> Keys<K> {
 
     #[cold]
     fn insert<R>(&self, key: &K, found: impl FnOnce(&Entry) -> R) -> Option<R> {
-        // Room first: a key refused allocates nothing.
-        {
+        // Room first: a key refused allocates nothing. One place a key: a
+        // second caller of a key being made takes none.
+        let reservation = {
             let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
             if let Some(entry) = map.entries.get(key) {
                 return Some(found(entry)); // made meanwhile
             }
-            if map.entries.len() + map.reserved >= self.max_keys && !self.evict_one(&mut map) {
+            if map.making.contains(key) {
+                None
+            } else if self.make_room(&mut map) {
+                map.reserved += 1;
+                map.making.insert(key.clone());
+                // The place is given back however this ends, a panicking
+                // limit function included.
+                Some(Reservation { keys: self, key })
+            } else {
                 self.refused.fetch_add(1, Ordering::Relaxed);
                 return None;
             }
-            map.reserved += 1;
-        }
-        // The place is given back however this ends, a panicking limit
-        // function included.
-        let reservation = Reservation { keys: self };
+        };
         // Made outside the lock: a key with a large limit takes a while to
         // build, and the limit functions may look at this keyed bulkhead.
         let entry = self.make_entry(key);
         let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
-        reservation.settle(&mut map);
+        let reserved = reservation.is_some();
+        if let Some(reservation) = reservation {
+            reservation.settle(&mut map);
+        }
         if let Some(entry) = map.entries.get(key) {
             return Some(found(entry)); // made meanwhile: ours is dropped
         }
+        // Without a place of its own: the place its maker holds, if it is
+        // still making the key (it finds the key made when it comes back),
+        // or room now.
+        if !reserved && !map.making.contains(key) && !self.make_room(&mut map) {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
         let found = found(&entry);
-        map.entries.insert(key.clone(), entry);
+        // The ring first: a key in the ring and not in the map (a `Clone`
+        // or `Hash` that panicked) is passed over by the sweep, while a key
+        // in the map and not in the ring could never be evicted.
         map.ring.push_back(key.clone());
+        map.entries.insert(key.clone(), entry);
         Some(found)
+    }
+
+    /// Whether a new key fits: fewer than `max_keys` are held or being
+    /// made, or one was evicted.
+    fn make_room(&self, map: &mut Map<K>) -> bool {
+        map.entries.len() + map.reserved < self.max_keys || self.evict_one(map)
     }
 
     fn make_entry(&self, key: &K) -> Entry {
@@ -228,11 +256,11 @@ impl<K: Hash + Eq + Clone> Keys<K> {
                     .as_ref()
                     .map_or(0, |guarantee_of| guarantee_of(key)),
                 waiting_for_ceiling: AtomicUsize::new(0),
-                next_tag: AtomicU64::new(0),
-                cost: cost_at(
+                turn: KeyTurn::default(),
+                weight: weight(
                     self.weight_of
                         .as_ref()
-                        .map_or(1, |weight_of| weight_of(key) as u64),
+                        .map_or(1, |weight_of| weight_of(key)),
                 ),
                 last_taken: AtomicU64::new(0),
             }),
@@ -296,10 +324,14 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         let Map { entries, ring, .. } = map;
         let mut second_chance = None;
         for _ in 0..SWEEP.min(ring.len()) {
-            let Some(key) = ring.pop_front() else {
+            let Some(key) = ring.front() else {
                 break;
             };
-            let Some(entry) = entries.get(&key) else {
+            // Looked up before it leaves the ring: a `Hash` that panics
+            // leaves it where it was.
+            let entry = entries.get(key);
+            let key = ring.pop_front().expect("the ring's front was there");
+            let Some(entry) = entry else {
                 continue;
             };
             let used = entry.used.swap(false, Ordering::Relaxed);
@@ -327,6 +359,9 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         if Arc::strong_count(&entry.line) > 1 {
             return false;
         }
+        // Whatever the last caller to hold the line wrote (when it took its
+        // slot) happens before this: that `Arc`'s drop released it.
+        fence(Ordering::Acquire);
         // A permit shares it: if its latest slot was taken `reclaim_after`
         // ago, every slot held is past its deadline, held by a permit that
         // was leaked (or that outlived its hold), and would be reclaimed by
@@ -339,7 +374,13 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     }
 
     fn evict(&self, entries: &mut HashMap<K, Entry>, key: &K) -> bool {
-        entries.remove(key);
+        if let Some(entry) = entries.remove(key) {
+            // Slots still held are past their deadlines (leaked): forgotten,
+            // so that a key that reports metrics shows none in flight.
+            if entry.bulkhead.in_flight() > 0 {
+                entry.bulkhead.reset();
+            }
+        }
         self.evicted.fetch_add(1, Ordering::Relaxed);
         true
     }
@@ -361,47 +402,49 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     }
 
     /// The keys with the most calls in flight (then waiting), at most
-    /// `count` of them.
-    pub(crate) fn busiest(&self, count: usize) -> Vec<(K, Bulkhead)> {
-        // Copied out under the lock, looked at outside it.
-        let held: Vec<(K, Bulkhead)> = self
-            .map
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
+    /// `count` of them. Read under the map's read lock: a copy of every
+    /// key's bulkhead would make each look busy to a sweep meanwhile.
+    pub(crate) fn busiest(&self, count: usize) -> Vec<KeyStatus<K>> {
+        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+        let mut busy: Vec<(&K, &Entry, usize, usize)> = map
             .entries
             .iter()
-            .map(|(key, entry)| (key.clone(), entry.bulkhead.clone()))
-            .collect();
-        let mut busy: Vec<(K, Bulkhead, usize, usize)> = held
-            .into_iter()
-            .map(|(key, bulkhead)| {
-                let (in_flight, waiting) = (bulkhead.in_flight(), bulkhead.waiting());
-                (key, bulkhead, in_flight, waiting)
+            .map(|(key, entry)| {
+                let bulkhead = &entry.bulkhead;
+                (key, entry, bulkhead.in_flight(), bulkhead.waiting())
             })
             .filter(|&(_, _, in_flight, waiting)| in_flight + waiting > 0)
             .collect();
         busy.sort_by_key(|&(_, _, in_flight, waiting)| std::cmp::Reverse((in_flight, waiting)));
         busy.truncate(count);
         busy.into_iter()
-            .map(|(key, bulkhead, ..)| (key, bulkhead))
+            .map(|(key, entry, in_flight, waiting)| KeyStatus {
+                key: key.clone(),
+                limit: entry.bulkhead.limit(),
+                in_flight,
+                waiting,
+                totals: entry.bulkhead.status().totals,
+            })
             .collect()
     }
 }
 
 /// A place reserved for a key being made; given back if making it panics.
-struct Reservation<'a, K> {
+struct Reservation<'a, K: Hash + Eq> {
     keys: &'a Keys<K>,
+    key: &'a K,
 }
 
-impl<K> Reservation<'_, K> {
+impl<K: Hash + Eq> Reservation<'_, K> {
     /// Gives the place back to `map`, locked already.
     fn settle(self, map: &mut Map<K>) {
         map.reserved -= 1;
+        map.making.remove(self.key);
         std::mem::forget(self);
     }
 }
 
-impl<K> Drop for Reservation<'_, K> {
+impl<K: Hash + Eq> Drop for Reservation<'_, K> {
     fn drop(&mut self) {
         let mut map = self
             .keys
@@ -409,5 +452,6 @@ impl<K> Drop for Reservation<'_, K> {
             .write()
             .unwrap_or_else(PoisonError::into_inner);
         map.reserved -= 1;
+        map.making.remove(self.key);
     }
 }

@@ -1,6 +1,7 @@
 //! The tower layer over a keyed bulkhead.
 
 use crate::error::ServiceSaturated;
+use crate::keyed::bulkhead::NotYet;
 use crate::keyed::{KeyedBulkhead, KeyedPermit};
 use crate::BoxError;
 use pin_project_lite::pin_project;
@@ -165,18 +166,19 @@ where
                 Err(shed) => KeyedFuture::shed(shed),
             };
         }
-        match self.keyed.try_acquire_before_waiting(&key) {
+        let held = match self.keyed.try_acquire_before_waiting(&key) {
             Ok(permit) => return KeyedFuture::called(self.inner.call(request), permit),
-            Err(Some(shed)) => return KeyedFuture::shed(shed),
-            Err(None) => {}
-        }
+            Err(NotYet::Shed(shed)) => return KeyedFuture::shed(shed),
+            Err(NotYet::WaitForKey) => None,
+            Err(NotYet::WaitForCeiling(held)) => Some(held),
+        };
         // The ready service goes into the future; this one keeps a clone,
         // not yet ready.
         let clone = self.inner.clone();
         let mut ready = std::mem::replace(&mut self.inner, clone);
         let keyed = self.keyed.clone();
         KeyedFuture::waiting(Box::pin(async move {
-            let permit = keyed.acquire(&key).await?;
+            let permit = keyed.acquire_after(&key, held).await?;
             let response = ready.call(request).await.map_err(Into::into);
             drop(permit);
             response

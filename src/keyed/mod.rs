@@ -31,9 +31,10 @@
 //!   behind a busy key's backlog.
 //! - **Guaranteed shares, with borrowing**: a key may be promised a share of
 //!   the ceiling ([`KeyedConfig::guarantee_per_key`]). While others are
-//!   idle, a busy key uses more than its share (up to its own limit); when a
-//!   key below its share has callers waiting, the next slots freed go to it,
-//!   ahead of everyone (nothing running is preempted).
+//!   idle, a busy key uses more than its share (up to its own limit); a
+//!   caller that comes to the ceiling's line while its key is below its
+//!   share gets the next slot freed, ahead of everyone (nothing running is
+//!   preempted).
 //! - **Metrics**: none per key by default (their number is unbounded); the
 //!   ceiling, a plain bulkhead, reports as any bulkhead does. The keys
 //!   [`KeyedConfig::metrics_per_key`] names report as bulkheads of their own,

@@ -30,9 +30,10 @@ pub struct KeyStatus<K> {
     pub key: K,
     /// Its limit.
     pub limit: usize,
-    /// Its calls in flight now.
+    /// Its slots held now: by its calls in flight, and by its callers that
+    /// hold their key's slot and wait for the ceiling's.
     pub in_flight: usize,
-    /// Its callers waiting now.
+    /// Its callers waiting for a slot of its own now.
     pub waiting: usize,
     /// Its totals since its bulkhead was made (a key evicted and seen again
     /// starts afresh).

@@ -2,9 +2,12 @@
 //! served in turns, weighted, as start-time fair queuing does it.
 //!
 //! Each caller in line is given a *tag*: its key's last tag plus the cost
-//! of a call at the key's weight (64 units at weight 1, 1 at weight 64), or
-//! the *virtual time* (the tag of the last caller served), whichever is
-//! later. The line serves the lowest tag first. So a key with a thousand
+//! of a call at the key's weight (64 units at weight 1, 64/w at weight `w`,
+//! rounded so that `n` calls cost `64 n / w` to the unit), or the *virtual
+//! time* (the tag of the last caller served), whichever is later. A caller
+//! that leaves unserved (its wait ran out, or it was dropped) gives its
+//! cost back, so that callers who gave up do not push their key's next
+//! caller back. The line serves the lowest tag first. So a key with a thousand
 //! callers waiting and a key with one alternate; a key of weight 2 gets two
 //! turns to one; and a key that arrives late starts at the virtual time,
 //! neither ahead of the keys that waited (as a tag of 0 would put it) nor
@@ -21,15 +24,25 @@
 use crate::sync::{lock, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// What a call costs its key's turn at weight 1; at weight `w`, `COST / w`.
+/// What a call costs its key's turn at weight 1; at weight `w`, `COST / w`
+/// on average.
 const COST: u64 = 64;
 
 /// The heaviest weight: a call costs one unit.
 pub(crate) const MAX_WEIGHT: u64 = COST;
 
-/// The cost of a call of a key of `weight` (held to 1 ..= 64).
-pub(crate) fn cost_at(weight: u64) -> u64 {
-    COST / weight.clamp(1, MAX_WEIGHT)
+/// A key's weight, held to 1 ..= 64.
+pub(crate) fn weight(weight: usize) -> u64 {
+    (weight as u64).clamp(1, MAX_WEIGHT)
+}
+
+/// A key's place in turn: where its next caller's tag starts, and what is
+/// left over of its last caller's cost, in 1/weight units (so that `n`
+/// calls cost `COST n / weight` exactly).
+#[derive(Debug, Default)]
+pub(crate) struct KeyTurn {
+    next_tag: AtomicU64,
+    carry: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -53,13 +66,14 @@ struct State {
 pub(crate) struct Turn {
     pub(crate) priority: i32,
     tag: u64,
+    cost: u64,
 }
 
 impl Turns {
-    /// A turn for the next caller of a key whose last caller's tag ended at
-    /// `next_tag`, and whose calls cost `cost`; `first` puts it ahead of
-    /// every turn by tag (a key below its guaranteed share).
-    pub(crate) fn enter(&self, next_tag: &AtomicU64, cost: u64, first: bool) -> Turn {
+    /// A turn for the next caller of a key of `weight` (held to 1 ..= 64);
+    /// `first` puts it ahead of every turn by tag (a key below its
+    /// guaranteed share).
+    pub(crate) fn enter(&self, key: &KeyTurn, weight: u64, first: bool) -> Turn {
         let mut state = lock(&self.state);
         if state.in_line == 0 {
             // Nobody holds a priority measured from the old base.
@@ -67,22 +81,36 @@ impl Turns {
         }
         state.in_line += 1;
         // Relaxed: written only under the lock.
-        let tag = next_tag.load(Ordering::Relaxed).max(state.served);
-        next_tag.store(tag.saturating_add(cost), Ordering::Relaxed);
+        let tag = key.next_tag.load(Ordering::Relaxed).max(state.served);
+        let owed = COST + key.carry.load(Ordering::Relaxed);
+        let cost = owed / weight;
+        key.next_tag
+            .store(tag.saturating_add(cost), Ordering::Relaxed);
+        key.carry.store(owed % weight, Ordering::Relaxed);
         let priority = if first {
             i32::MIN
         } else {
             i32::try_from(tag - state.base).unwrap_or(i32::MAX)
         };
-        Turn { priority, tag }
+        Turn {
+            priority,
+            tag,
+            cost,
+        }
     }
 
-    /// `turn`'s caller left the line: `served`, or gone (shed, or dropped).
-    pub(crate) fn leave(&self, turn: Turn, served: bool) {
+    /// `turn`'s caller, of `key`, left the line: `served`, or gone (shed,
+    /// or dropped), and then its cost is given back.
+    pub(crate) fn leave(&self, key: &KeyTurn, turn: Turn, served: bool) {
         let mut state = lock(&self.state);
         state.in_line -= 1;
         if served {
             state.served = state.served.max(turn.tag);
+        } else {
+            let next_tag = key.next_tag.load(Ordering::Relaxed);
+            let refunded = next_tag.saturating_sub(turn.cost).max(state.served);
+            key.next_tag
+                .store(refunded.min(next_tag), Ordering::Relaxed);
         }
     }
 }
@@ -91,15 +119,18 @@ impl Turns {
 mod tests {
     use super::*;
 
-    /// Serves the lowest priority of the callers given, `rounds` times, each
-    /// key sending a new caller whenever one of its own is served.
+    /// Serves the lowest priority of the callers in line, `rounds` times,
+    /// each key keeping `backlog` callers in line.
     fn serve(weights: &[u64], backlog: usize, rounds: usize) -> Vec<usize> {
         let turns = Turns::default();
-        let next_tags: Vec<AtomicU64> = weights.iter().map(|_| AtomicU64::new(0)).collect();
+        let keys: Vec<KeyTurn> = weights.iter().map(|_| KeyTurn::default()).collect();
         let mut line: Vec<(usize, Turn)> = Vec::new();
-        for (key, &weight) in weights.iter().enumerate() {
+        let enter = |line: &mut Vec<(usize, Turn)>, key: usize| {
+            line.push((key, turns.enter(&keys[key], weights[key], false)));
+        };
+        for key in 0..weights.len() {
             for _ in 0..backlog {
-                line.push((key, turns.enter(&next_tags[key], cost_at(weight), false)));
+                enter(&mut line, key);
             }
         }
         let mut served = Vec::new();
@@ -108,12 +139,15 @@ mod tests {
                 .min_by_key(|&at| (line[at].1.priority, at))
                 .unwrap();
             let (key, turn) = line.remove(next);
-            turns.leave(turn, true);
+            turns.leave(&keys[key], turn, true);
             served.push(key);
-            let weight = weights[key];
-            line.push((key, turns.enter(&next_tags[key], cost_at(weight), false)));
+            enter(&mut line, key);
         }
         served
+    }
+
+    fn share(served: &[usize], key: usize) -> usize {
+        served.iter().filter(|&&of| of == key).count()
     }
 
     #[test]
@@ -125,26 +159,50 @@ mod tests {
     }
 
     #[test]
-    fn a_key_of_weight_two_gets_two_turns_to_one() {
-        let served = serve(&[2, 1], 8, 30);
-        let heavy = served.iter().filter(|&&key| key == 0).count();
-        assert_eq!(heavy, 20, "{served:?}");
+    fn turns_follow_the_weights_whatever_they_are() {
+        for (heavy, light, expected) in [(2, 1, 40), (40, 20, 40), (64, 32, 40), (3, 1, 45)] {
+            let served = serve(&[heavy, light], 8, 60);
+            let got = share(&served, 0);
+            assert!(
+                got.abs_diff(expected) <= 1,
+                "weights {heavy}:{light} gave {got} of 60: {served:?}"
+            );
+        }
+        // 64 and 33 are not served alike: 64/97 of the turns.
+        let served = serve(&[64, 33], 8, 97);
+        assert!(share(&served, 0).abs_diff(64) <= 1, "{served:?}");
     }
 
     #[test]
     fn a_late_key_starts_at_the_virtual_time() {
         let turns = Turns::default();
-        let (busy, late) = (AtomicU64::new(0), AtomicU64::new(0));
-        let backlog: Vec<Turn> = (0..10)
-            .map(|_| turns.enter(&busy, cost_at(1), false))
-            .collect();
+        let (busy, late) = (KeyTurn::default(), KeyTurn::default());
+        let backlog: Vec<Turn> = (0..10).map(|_| turns.enter(&busy, 1, false)).collect();
         for turn in &backlog[..5] {
-            turns.leave(*turn, true);
+            turns.leave(&busy, *turn, true);
         }
         // Five of the busy key's callers served: a new key goes next, not
         // after the busy key's whole backlog, nor ahead of the one served.
-        let newcomer = turns.enter(&late, cost_at(1), false);
+        let newcomer = turns.enter(&late, 1, false);
         assert!(newcomer.priority < backlog[5].priority);
         assert!(newcomer.priority >= backlog[4].priority);
+    }
+
+    #[test]
+    fn callers_that_left_unserved_do_not_push_their_key_back() {
+        let turns = Turns::default();
+        let (gave_up, other) = (KeyTurn::default(), KeyTurn::default());
+        // Eight callers of one key leave unserved; another key has six in
+        // line.
+        let leaving: Vec<Turn> = (0..8).map(|_| turns.enter(&gave_up, 1, false)).collect();
+        for turn in leaving {
+            turns.leave(&gave_up, turn, false);
+        }
+        let others: Vec<Turn> = (0..6).map(|_| turns.enter(&other, 1, false)).collect();
+        let back = turns.enter(&gave_up, 1, false);
+        assert!(
+            back.priority <= others[0].priority,
+            "{back:?} behind {others:?}"
+        );
     }
 }
