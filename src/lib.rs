@@ -166,6 +166,8 @@ mod doc_pages {
     struct Overload;
     #[doc = include_str!("../docs/cluster.md")]
     struct Cluster;
+    #[doc = include_str!("../docs/tenants.md")]
+    struct Tenants;
 }
 
 /// The error type of [`Concurrency`]: the inner service's error, or
