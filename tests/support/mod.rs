@@ -3,6 +3,8 @@
 // Each test crate uses its own part of this module.
 #![allow(dead_code)]
 
+pub(crate) mod turns;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
