@@ -87,8 +87,9 @@ impl Cluster {
         let reclaim_after = config.reclaim_after;
         let lease = ceiling.lease_or(reclaim_after);
         let counts = Arc::new(Counts::default());
-        // `validate` keeps the lease within a year: no overflow.
-        let lease_ms = lease.as_millis() as u64;
+        // `validate` keeps the lease within a year: no overflow. Rounded
+        // up: a lease never ends before it was asked to.
+        let lease_ms = lease.as_micros().div_ceil(1_000) as u64;
         let lasts = if ceiling.renew {
             lease.max(reclaim_after)
         } else {
@@ -137,9 +138,10 @@ impl Cluster {
                 cluster: &self,
                 token: Some(new_token()),
             };
-            // The newest releases pending, this replica's last among them:
-            // removed before this request counts.
-            let carried = self.outbox.newest();
+            // The releases pending that no command carries, and the newest
+            // (this replica's last among them): removed before this request
+            // counts.
+            let carried = self.outbox.for_request();
             let asked = Instant::now();
             let reply = tokio::time::timeout(timeout, self.ask(asking.token(), &carried)).await;
             let reply = match reply {
@@ -401,6 +403,10 @@ impl Cluster {
             granted,
             maybe_removed: false,
             carriers: 0,
+            // Given back, a lease is renewed no more: it runs out within a
+            // lease (and, if its request is still on its way, that long
+            // after the answer was given up on).
+            runs_out: Instant::now() + self.lasts + self.outbox.ceiling.timeout,
         });
     }
 

@@ -20,9 +20,10 @@
 //!    own limit).
 //! 3. The permit holds both. Dropping it adds the lease's release to the
 //!    replica's pending releases and frees the local slot. Every lease
-//!    request carries the newest pending releases (so a caller's next call
-//!    never finds its own last lease held), and a background task sends
-//!    them when no request comes.
+//!    request carries the pending releases no other command carries, and
+//!    the newest few (so a caller's next call does not find its own last
+//!    lease held, but in a burst), and a background task sends them when no
+//!    request comes.
 //!
 //! A service polled ready holds its slot and lease until its `call`: if the
 //! lease may have run out by then, the call is shed and both go back.

@@ -2,16 +2,20 @@
 //!
 //! A dropped permit adds its lease's token to the [`Outbox`], where it stays
 //! until a command that carried it is answered. Every lease request carries
-//! the newest of them in its script, whoever's they are, and a background
-//! task sends them all when no request comes; removing a token twice does
-//! nothing. So a caller's next request always carries its last release, and
-//! on one connection Redis runs it first: a caller's next call never finds
-//! its own last lease still held, on any thread.
+//! the releases pending that no other command carries, and the newest few
+//! whoever carries them (a command marks what it carries before it is on
+//! the connection); a background task sends them when no request comes, and
+//! removing a token twice does nothing. Commands on one connection run in
+//! the order they were sent, so a caller's next call does not find its own
+//! last lease still held, on any thread. And the releases a request leaves
+//! to others are many only in a burst, so a burst of requests does not make
+//! Redis remove the same tokens over and over.
 //!
 //! The task owns the outbox, so releases added as the bulkhead goes are
-//! still sent while its runtime runs; it ends once the bulkhead is gone and
-//! nothing is left. The connection is made with the task, in one runtime,
-//! and made again with it if that runtime shuts down.
+//! still sent while its runtime runs, after each backoff while Redis is
+//! away, until the leases they give back have run out; it ends once the
+//! bulkhead is gone and nothing is left. The connection is made with the
+//! task, in one runtime, and made again with it if that runtime shuts down.
 
 use crate::redis::cluster::Counts;
 use crate::redis::script::{RELEASE, RENEW};
@@ -24,11 +28,14 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-/// Releases not yet answered; past this, a release is dropped (and
+/// Releases not yet answered; past this, the oldest is dropped (and
 /// counted) and its lease runs out on its own.
 const PENDING: usize = 4_096;
-/// The most tokens one command carries.
+/// The most tokens one command of the task carries.
 const BATCH: usize = 256;
+/// How many of the newest releases every lease request carries, whether or
+/// not another command carries them already.
+const NEWEST: usize = 4;
 /// How long the task, woken by a release, leaves lease requests to carry
 /// it before it sends what is left: the releases of a busy replica ride on
 /// its requests, and wake the task once a millisecond at most.
@@ -44,9 +51,12 @@ pub(super) struct Release {
     /// Carried by a command that was never answered: it may have been
     /// removed then, so finding nothing now is not late.
     pub(super) maybe_removed: bool,
-    /// How many commands carry it now, not yet answered: the task leaves
-    /// it to them rather than send it once more.
+    /// How many commands carry it now, not yet answered: the task and the
+    /// requests leave it to them rather than send it once more.
     pub(super) carriers: u32,
+    /// When its lease has surely run out (given back, it is renewed no
+    /// more): past this, sending it can free nothing.
+    pub(super) runs_out: Instant,
 }
 
 /// What the task needs, outliving the bulkhead.
@@ -171,18 +181,18 @@ impl Outbox {
         }
     }
 
-    /// Adds `release` and wakes the task; past the bound, the release is
-    /// dropped and its lease left to run out.
+    /// Adds `release` and wakes the task; past the bound, the oldest is
+    /// dropped (its lease the likeliest to have run out already) and left
+    /// to run out.
     pub(super) fn release(&self, release: Release) {
         if self.ceiling.renew {
             lock(&self.live).remove(&release.token);
         }
         let mut pending = lock(&self.pending);
-        if pending.len() < PENDING {
-            pending.push_back(release);
-        } else if release.granted {
+        if pending.len() >= PENDING && pending.pop_front().is_some_and(|oldest| oldest.granted) {
             self.counts.releases_lost.fetch_add(1, Ordering::Relaxed);
         }
+        pending.push_back(release);
         drop(pending);
         // AcqRel: ordered with the task's clear, which comes before it reads
         // what is pending.
@@ -191,15 +201,20 @@ impl Outbox {
         }
     }
 
-    /// The newest releases pending, for a lease request to carry.
-    pub(super) fn newest(&self) -> Carried<'_> {
+    /// What a lease request carries: every release pending that no command
+    /// carries now, and the newest few whoever carries them. A command that
+    /// carries a release may not be on the connection yet (it was marked
+    /// first), and the newest are the likeliest to be this caller's own.
+    pub(super) fn for_request(&self) -> Carried<'_> {
         let mut pending = lock(&self.pending);
-        let from = pending.len().saturating_sub(BATCH);
+        let newest = pending.len().saturating_sub(NEWEST);
         Carried {
             outbox: self,
             tokens: pending
-                .range_mut(from..)
-                .map(|release| {
+                .iter_mut()
+                .enumerate()
+                .filter(|(at, release)| release.carriers == 0 || *at >= newest)
+                .map(|(_, release)| {
                     release.carriers += 1;
                     release.token.clone()
                 })
@@ -207,24 +222,42 @@ impl Outbox {
         }
     }
 
-    /// Every release pending that no command carries now, oldest first, a
-    /// batch at a time.
-    fn all(&self) -> Vec<Carried<'_>> {
-        let tokens: Vec<String> = lock(&self.pending)
+    fn take_uncarried(&self) -> Vec<String> {
+        lock(&self.pending)
             .iter_mut()
             .filter(|release| release.carriers == 0)
             .map(|release| {
                 release.carriers += 1;
                 release.token.clone()
             })
-            .collect();
-        tokens
+            .collect()
+    }
+
+    /// Every release pending that no command carries now, oldest first, a
+    /// batch at a time.
+    fn all(&self) -> Vec<Carried<'_>> {
+        self.take_uncarried()
             .chunks(BATCH)
             .map(|tokens| Carried {
                 outbox: self,
                 tokens: tokens.to_vec(),
             })
             .collect()
+    }
+
+    /// Drops the releases whose leases have run out (sending them could
+    /// free nothing), counted as lost; whether any are left.
+    fn drop_run_out(&self) -> bool {
+        let now = Instant::now();
+        let mut lost = 0;
+        let mut pending = lock(&self.pending);
+        pending.retain(|release| {
+            let keep = release.carriers > 0 || release.runs_out > now;
+            lost += u64::from(!keep && release.granted);
+            keep
+        });
+        self.counts.releases_lost.fetch_add(lost, Ordering::Relaxed);
+        !pending.is_empty()
     }
 
     pub(super) fn live(&self, token: String, until: Instant) {
@@ -354,20 +387,12 @@ async fn run(outbox: Arc<Outbox>, mut connection: ConnectionManager) {
             retry_at = (!sent)
                 .then(|| Instant::now() + outbox.ceiling.backoff.max(outbox.ceiling.timeout));
             if closed {
-                if !sent {
-                    // Gone: one more try after a timeout, then the rest
-                    // runs out.
-                    tokio::time::sleep(outbox.ceiling.timeout).await;
-                    if !outbox.send(&mut connection).await {
-                        let lost = lock(&outbox.pending)
-                            .drain(..)
-                            .filter(|release| release.granted)
-                            .count() as u64;
-                        outbox
-                            .counts
-                            .releases_lost
-                            .fetch_add(lost, Ordering::Relaxed);
-                    }
+                // Gone, with releases unsent: tried again after each
+                // backoff, while the leases they give back may still hold.
+                let mut sent = sent;
+                while !sent && outbox.drop_run_out() {
+                    tokio::time::sleep(outbox.ceiling.backoff.max(outbox.ceiling.timeout)).await;
+                    sent = outbox.send(&mut connection).await;
                 }
                 return;
             }

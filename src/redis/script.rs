@@ -11,8 +11,8 @@ use std::sync::LazyLock;
 /// lease in milliseconds, the token, then the tokens of leases this replica
 /// is giving back.
 ///
-/// Removes the leases given back first (so that a caller's next call never
-/// finds its own last lease still held), then, if the limit is reached,
+/// Removes the leases given back first (so that a caller's next call does not
+/// find its own last lease still held), then, if the limit is reached,
 /// the expired ones (they are reclaimed slots, and counted), then admits or
 /// refuses. Replies
 /// `{admitted, held, reclaimed, hint, released}`: `held` counts the leases
@@ -28,6 +28,9 @@ pub(super) static ACQUIRE: LazyLock<::redis::Script> = LazyLock::new(|| {
         r"
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- A deadline counts from the millisecond after now: rounded down, a lease
+-- could end up to a millisecond before it was asked to.
+local from = tonumber(time[1]) * 1000 + math.ceil(tonumber(time[2]) / 1000)
 local limit = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
 local released = {}
@@ -43,7 +46,7 @@ if held >= limit then
     held = held - reclaimed
 end
 if held < limit then
-    redis.call('ZADD', KEYS[1], string.format('%d', now + lease), ARGV[3])
+    redis.call('ZADD', KEYS[1], string.format('%d', from + lease), ARGV[3])
     -- The key outlives its latest lease by a lease, then goes; never
     -- sooner than another replica's (maybe longer) lease asked for.
     if redis.call('PTTL', KEYS[1]) < 2 * lease then
@@ -68,8 +71,9 @@ pub(super) static RENEW: LazyLock<::redis::Script> = LazyLock::new(|| {
         r"
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local from = tonumber(time[1]) * 1000 + math.ceil(tonumber(time[2]) / 1000)
 local lease = tonumber(ARGV[1])
-local deadline = string.format('%d', now + lease)
+local deadline = string.format('%d', from + lease)
 local renewed = 0
 for i = 2, #ARGV do
     local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
