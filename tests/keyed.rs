@@ -197,6 +197,18 @@ fn bad_configuration_is_refused_naming_the_field() {
         refused(KeyedConfig::new(Config::new(1, LONG)).max_keys(0)),
         "max_keys"
     );
+    // A cluster ceiling is the keyed ceiling's to have, not each key's.
+    #[cfg(feature = "redis")]
+    {
+        let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
+        let on_redis = tower_inflight::redis::ClusterCeiling::new(client, "tenants", 10);
+        assert_eq!(
+            refused(KeyedConfig::new(
+                Config::new(1, LONG).cluster_ceiling(on_redis)
+            )),
+            "cluster_ceiling"
+        );
+    }
 }
 
 #[tokio::test]

@@ -496,6 +496,20 @@ impl Bulkhead {
         Some(Permit::new(self.shared.clone(), claim))
     }
 
+    /// [`try_acquire`](Self::try_acquire) whose refusal is only its reason,
+    /// not yet recorded (record it with [`shed_now`](Self::shed_now)): for a
+    /// caller that must hand the permit on through a lock, where a small
+    /// result stays in registers. Not for a bulkhead with a cluster
+    /// ceiling, whose refusals `claim_or_shed` alone decides (keyed
+    /// bulkheads refuse one per key).
+    #[inline(always)]
+    pub(crate) fn try_acquire_or_reason(&self) -> Result<Permit, ShedReason> {
+        debug_assert!(!self.shared.has_cluster());
+        let now = self.shared.clock.now();
+        let claim = self.shared.try_claim_weighted(1, now)?;
+        Ok(Permit::new(self.shared.clone(), claim))
+    }
+
     /// A shed for `reason`, recorded (counts, event, metrics, tracing) as
     /// any of this bulkhead's: for a refusal decided outside it.
     pub(crate) fn shed_now(&self, reason: ShedReason) -> ServiceSaturated {

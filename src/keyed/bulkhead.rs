@@ -153,6 +153,17 @@ impl<K> KeyedConfig<K> {
 
     fn validate(&self) -> Result<(), ConfigError> {
         self.per_key.validate()?;
+        // Every key's bulkhead would share the one name on Redis: a ceiling
+        // for all keys together, which is the keyed ceiling's to have.
+        #[cfg(feature = "redis")]
+        if self.per_key.cluster.is_some() {
+            return Err(ConfigError::new(
+                "cluster_ceiling",
+                "is not supported per key: every key would share one set of leases; give the \
+                 cluster ceiling to the keyed bulkhead's ceiling instead"
+                    .into(),
+            ));
+        }
         if let Some(ceiling) = &self.ceiling {
             ceiling.validate()?;
         }
@@ -278,17 +289,18 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
                 return Err(ceiling.shed_now(ShedReason::LimitReached));
             }
         }
-        let key = self
-            .inner
-            .keys
-            .find(key, |entry| {
-                let permit = entry.bulkhead.try_acquire();
-                if let Ok(permit) = &permit {
-                    entry.taken(permit);
-                }
-                permit
-            })
-            .ok_or_else(|| self.too_many_keys())??;
+        let permit = self.inner.keys.find(key, |entry| {
+            let permit = entry.bulkhead.try_acquire_or_reason();
+            if let Ok(permit) = &permit {
+                entry.taken(permit);
+            }
+            permit
+        });
+        let key = match permit {
+            Some(Ok(permit)) => permit,
+            Some(Err(reason)) => return Err(self.key_shed(key, reason)),
+            None => return Err(self.too_many_keys()),
+        };
         let ceiling = self
             .inner
             .ceiling
@@ -394,6 +406,26 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             key: held.permit,
             ceiling: Some(permit),
         })
+    }
+
+    /// `key`'s refusal for `reason`, recorded by its bulkhead (found again:
+    /// the refusal came out of the map's lock as its reason alone).
+    #[cold]
+    fn key_shed(&self, key: &K, reason: ShedReason) -> ServiceSaturated {
+        self.inner
+            .keys
+            .get(key, |entry| entry.bulkhead.shed_now(reason))
+            .unwrap_or_else(|| {
+                // Evicted meanwhile: its bulkhead is gone, and so is its
+                // record.
+                let per_key = &self.inner.per_key;
+                ServiceSaturated::new(
+                    per_key.name.clone(),
+                    per_key.limit,
+                    reason,
+                    per_key.retry_after,
+                )
+            })
     }
 
     #[cold]

@@ -195,6 +195,12 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         self.insert(key, found)
     }
 
+    /// `found` of `key`'s entry if it is held; nothing is made.
+    pub(crate) fn get<R>(&self, key: &K, found: impl FnOnce(&Entry) -> R) -> Option<R> {
+        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+        map.entries.get(key).map(found)
+    }
+
     #[cold]
     fn insert<R>(&self, key: &K, found: impl FnOnce(&Entry) -> R) -> Option<R> {
         // Room first: a key refused allocates nothing. One place a key: a
