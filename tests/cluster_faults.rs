@@ -2,7 +2,9 @@
 //! promise an earlier version broke: a burst of callers shed by their own
 //! last leases, a burst on a healthy Redis taken for an outage (every
 //! request carried the same releases), releases of a dropped bulkhead lost
-//! in a short outage, and leases ending up to a millisecond early. Each test
+//! in a short outage or sent long after their leases ran out, leases
+//! ending up to a millisecond early, and releases carried twice or dropped
+//! past the bound counted wrong. Each test
 //! starts a `redis-server` of its own (`redis-server` must be on `PATH`):
 //!
 //! ```text
@@ -17,6 +19,7 @@ mod redis_server;
 use redis::AsyncCommands;
 use redis_server::RedisServer;
 use std::future::Future;
+use std::pin::Pin;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 use tower_inflight::redis::ClusterCeiling;
@@ -234,5 +237,170 @@ async fn a_burst_on_a_healthy_redis_is_not_taken_for_an_outage() {
     assert!(
         cluster.errors == 0 && cluster.admitted_without_lease == 0,
         "a healthy Redis taken for unreachable: {cluster:?}"
+    );
+}
+
+/// Polls `future` once, without waiting for it.
+async fn poll_once<F: Future>(future: &mut Pin<Box<F>>) -> bool {
+    std::future::poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx).is_ready())).await
+}
+
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(started.elapsed() < Duration::from_secs(10), "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// `released_late` counts "a release that finds nothing ... (the lease had
+/// run out and been reclaimed)". Since 6271c2b every lease request carries
+/// the four newest releases whoever else carries them, so one release is
+/// routinely carried by two commands. Redis runs them in order (the first
+/// removes the lease, the second finds nothing), but their answers are
+/// handled by different futures, in whatever order those are polled:
+/// `Carried::answered` takes whichever comes first as deciding, so the
+/// second command's "found nothing" can settle the release as late.
+///
+/// Here: one release pending; two callers ask one after the other (both
+/// carry it: the first because nobody does, the second because it is among
+/// the newest four); the second caller's future is polled first once both
+/// answers are in. Nothing ran out, nothing was reclaimed, and yet the
+/// release is counted late and not released.
+#[tokio::test]
+async fn a_release_carried_by_two_requests_is_not_counted_late() {
+    let server = RedisServer::start();
+    let bulkhead = Bulkhead::new(Config::new(8, LONG).cluster_ceiling(
+        ClusterCeiling::new(server.client(), "twice", 8).timeout(Duration::from_secs(10)),
+    ));
+    // Connected, script loaded, its release settled.
+    drop(bulkhead.acquire().await.unwrap());
+    until("the first release", || {
+        bulkhead.status().cluster.unwrap().leases_released == 1
+    })
+    .await;
+
+    let permit = bulkhead.acquire().await.unwrap();
+    // On this one-thread runtime the release task cannot run before both
+    // requests are on the connection.
+    drop(permit);
+    let mut first = Box::pin(bulkhead.acquire());
+    let mut second = Box::pin(bulkhead.acquire());
+    assert!(!poll_once(&mut first).await);
+    assert!(!poll_once(&mut second).await);
+    // Both answers arrive; the futures are not polled meanwhile.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = second.await.unwrap();
+    let first = first.await.unwrap();
+    assert_eq!(leases(&server, "twice").await, 2, "only the two new leases");
+    let cluster = bulkhead.status().cluster.unwrap();
+    drop((first, second));
+    assert!(
+        cluster.releases_late == 0 && cluster.leases_released == 2,
+        "a release removed on time counted late: {cluster:?}"
+    );
+}
+
+/// "Past 4,096 pending the oldest release is dropped" (and counted lost,
+/// "its lease runs out on its own"). `Outbox::release` pops the oldest even
+/// when a command carrying it is on the connection: that command removes
+/// the lease, but the release is counted lost, and its removal is never
+/// counted released (the answer finds nothing pending to settle).
+///
+/// Here Redis stalls with one release on its way; 4,096 more releases come;
+/// Redis comes back and every lease is removed (none is left to run out),
+/// yet `releases_lost` is 1 and `leases_released` one short. The test asks
+/// only that the counts match Redis: as many lost as are left held.
+#[tokio::test]
+async fn the_oldest_release_dropped_past_the_bound_is_not_one_on_its_way() {
+    let server = RedisServer::start();
+    const PERMITS: usize = 4_097;
+    let bulkhead = Bulkhead::new(Config::new(PERMITS, LONG).cluster_ceiling(
+        ClusterCeiling::new(server.client(), "bound", PERMITS).timeout(Duration::from_secs(20)),
+    ));
+    let mut held = Vec::with_capacity(PERMITS);
+    for _ in 0..PERMITS {
+        held.push(bulkhead.acquire().await.unwrap());
+    }
+    assert_eq!(leases(&server, "bound").await, PERMITS);
+    server.freeze();
+    // The task sends this one (after a millisecond): stuck on the frozen
+    // server, carried, on its way.
+    drop(held.remove(0));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(held); // 4,096 more: the carried one is the oldest
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.thaw();
+    until("every lease removed", || {
+        bulkhead.status().cluster.unwrap().leases_released
+            + bulkhead.status().cluster.unwrap().releases_lost
+            >= PERMITS as u64
+    })
+    .await;
+    // Every command answered: what is still held is what was given up.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let still_held = leases(&server, "bound").await as u64;
+    let cluster = bulkhead.status().cluster.unwrap();
+    assert!(
+        cluster.releases_lost == still_held
+            && cluster.leases_released == PERMITS as u64 - still_held,
+        "{still_held} leases still held in Redis, yet: {cluster:?}"
+    );
+}
+
+/// How many times a server was sent `command` (INFO commandstats: calls,
+/// failed and rejected calls).
+async fn sent(server: &RedisServer, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut admin(server).await)
+        .await
+        .unwrap();
+    info.lines()
+        .find(|line| line.starts_with(&format!("cmdstat_{command}:")))
+        .map_or(0, |line| {
+            line.split(',')
+                .filter_map(|part| part.split_once('='))
+                .filter(|(name, _)| name.ends_with("calls"))
+                .map(|(_, n)| n.parse::<u64>().unwrap())
+                .sum()
+        })
+}
+
+/// releases.rs / docs: releases pending as the bulkhead goes are sent
+/// "after each backoff while Redis is away, until the leases they give back
+/// have run out". With `renew`, a lease given back is renewed no more and
+/// runs out a lease (300 ms here) after its last renewal; but
+/// `Release::runs_out` is `now + lasts + timeout` with `lasts =
+/// lease.max(reclaim_after)` (30 s here; up to ~34 years is allowed), so
+/// the task of a dropped bulkhead keeps reconnecting and resending releases
+/// whose leases ran out long ago, for `reclaim_after`.
+///
+/// Here Redis comes back (empty) 2 s after the bulkhead went, long after
+/// its lease ran out; the task still sends the release.
+#[tokio::test]
+async fn a_renewed_release_is_not_sent_long_after_its_lease_ran_out() {
+    let mut server = RedisServer::start();
+    let bulkhead = Bulkhead::new(
+        Config::new(4, LONG).cluster_ceiling(
+            ClusterCeiling::new(server.client(), "renewed", 4)
+                .lease(Duration::from_millis(300))
+                .renew(true)
+                .backoff(Duration::from_millis(200)),
+        ),
+    );
+    let permit = bulkhead.acquire().await.unwrap();
+    server.stop();
+    drop(permit);
+    drop(bulkhead);
+    // The lease (300 ms, renewed no more) plus the timeout (100 ms) and a
+    // renewal on its way (100 ms) are long past.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    server.restart();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let evalsha = sent(&server, "evalsha").await + sent(&server, "eval").await;
+    assert_eq!(
+        evalsha, 0,
+        "the dropped bulkhead's task still sends releases 2 s after their leases ran out"
     );
 }

@@ -403,11 +403,16 @@ impl Cluster {
             granted,
             maybe_removed: false,
             carriers: 0,
-            // Given back, a lease is renewed no more: it runs out within a
-            // lease (and, if its request is still on its way, that long
-            // after the answer was given up on).
-            runs_out: Instant::now() + self.lasts + self.outbox.ceiling.timeout,
+            runs_out: Instant::now() + self.runs_out_within(),
         });
+    }
+
+    /// How long after it is given back a lease has surely run out: given
+    /// back, it is renewed no more, so within a lease, and a command's
+    /// timeout for its request (or a renewal) still on its way.
+    fn runs_out_within(&self) -> Duration {
+        let on_its_way = if self.outbox.ceiling.renew { 2 } else { 1 };
+        Duration::from_millis(self.outbox.lease_ms) + self.outbox.ceiling.timeout * on_its_way
     }
 
     pub(crate) fn status(&self) -> ClusterStatus {

@@ -107,8 +107,9 @@ impl Carried<'_> {
     }
 
     /// The command was answered: `removed[i]` is 1 if `tokens[i]` was found
-    /// and removed. On one connection, the first answer for a token is from
-    /// the first command Redis ran with it, so it decides.
+    /// and removed. A token carried by other commands too, not found by
+    /// this one, waits for their answers (which may come later, though
+    /// Redis ran them first): it is late only if no command found it.
     pub(super) fn answered(mut self, removed: &[u8]) {
         if self.tokens.is_empty() {
             return;
@@ -120,17 +121,23 @@ impl Carried<'_> {
             .map(|(token, &removed)| (token.as_str(), removed == 1))
             .collect();
         let (mut released, mut late) = (0, 0);
-        lock(&self.outbox.pending).retain(|release| match answers.get(release.token.as_str()) {
-            None => true,
-            Some(true) => {
-                released += 1;
-                false
-            }
-            Some(false) => {
-                if release.granted && !release.maybe_removed {
-                    late += 1;
+        lock(&self.outbox.pending).retain_mut(|release| {
+            match answers.get(release.token.as_str()) {
+                None => true,
+                Some(true) => {
+                    released += 1;
+                    false
                 }
-                false
+                Some(false) if release.carriers > 1 => {
+                    release.carriers -= 1;
+                    true
+                }
+                Some(false) => {
+                    if release.granted && !release.maybe_removed {
+                        late += 1;
+                    }
+                    false
+                }
             }
         });
         let counts = &self.outbox.counts;
@@ -189,10 +196,23 @@ impl Outbox {
             lock(&self.live).remove(&release.token);
         }
         let mut pending = lock(&self.pending);
-        if pending.len() >= PENDING && pending.pop_front().is_some_and(|oldest| oldest.granted) {
+        let lost = if pending.len() < PENDING {
+            pending.push_back(release);
+            None
+        } else {
+            // The oldest no command carries (one carried may be removed
+            // yet, and its answer counts it); if all are carried, this one.
+            match pending.iter().position(|release| release.carriers == 0) {
+                Some(oldest) => {
+                    pending.push_back(release);
+                    pending.remove(oldest)
+                }
+                None => Some(release),
+            }
+        };
+        if lost.is_some_and(|lost| lost.granted) {
             self.counts.releases_lost.fetch_add(1, Ordering::Relaxed);
         }
-        pending.push_back(release);
         drop(pending);
         // AcqRel: ordered with the task's clear, which comes before it reads
         // what is pending.
