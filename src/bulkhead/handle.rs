@@ -6,6 +6,7 @@ use crate::bulkhead::{Acquire, BorrowedPermit, Permit, Shared};
 use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::observe::Status;
+use crate::slots::Claim;
 use crate::sync::Arc;
 use crate::ticket::Ticket;
 use crate::wait::SaturationSignal;
@@ -496,18 +497,34 @@ impl Bulkhead {
         Some(Permit::new(self.shared.clone(), claim))
     }
 
-    /// [`try_acquire`](Self::try_acquire) whose refusal is only its reason,
-    /// not yet recorded (record it with [`shed_now`](Self::shed_now)): for a
-    /// caller that must hand the permit on through a lock, where a small
-    /// result stays in registers. Not for a bulkhead with a cluster
-    /// ceiling, whose refusals `claim_or_shed` alone decides (keyed
-    /// bulkheads refuse one per key).
+    /// A slot for a caller that may not wait, not yet counted as admitted
+    /// (nor its refusal recorded: see [`shed_now`](Self::shed_now)): made a
+    /// permit by [`admit`](Self::admit) once the caller's other slots are
+    /// held, or given back by [`give_back`](Self::give_back). Not for a
+    /// bulkhead with a cluster ceiling, whose refusals `claim_or_shed`
+    /// alone decides (keyed bulkheads refuse one per key).
     #[inline(always)]
-    pub(crate) fn try_acquire_or_reason(&self) -> Result<Permit, ShedReason> {
+    pub(crate) fn try_claim(&self) -> Result<Claim, ShedReason> {
         debug_assert!(!self.shared.has_cluster());
         let now = self.shared.clock.now();
-        let claim = self.shared.try_claim_weighted(1, now)?;
-        Ok(Permit::new(self.shared.clone(), claim))
+        self.shared.try_claim_weighted(1, now)
+    }
+
+    /// The tick at which `claim`, of this bulkhead, was taken.
+    #[inline(always)]
+    pub(crate) fn claimed_at(&self, claim: &Claim) -> u64 {
+        self.shared.slots.claimed_at(claim)
+    }
+
+    /// `claim`, from [`try_claim`](Self::try_claim), counted as admitted.
+    #[inline(always)]
+    pub(crate) fn admit(self, claim: Claim) -> Permit {
+        Permit::new(self.shared, claim)
+    }
+
+    /// `claim`, from [`try_claim`](Self::try_claim), given back uncounted.
+    pub(crate) fn give_back(&self, claim: &Claim) {
+        self.shared.give_back_unused(claim);
     }
 
     /// A shed for `reason`, recorded (counts, event, metrics, tracing) as

@@ -7,6 +7,7 @@ use crate::error::{ServiceSaturated, ShedReason};
 use crate::keyed::keys::{KeyLine, Keys, LabelOf, LimitOf};
 use crate::keyed::turns::{Turn, Turns};
 use crate::keyed::KeyedStatus;
+use crate::slots::Claim;
 use std::fmt;
 use std::hash::Hash;
 use std::sync::atomic::Ordering;
@@ -282,22 +283,24 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
     /// Takes a slot of `key`'s and one of the ceiling's, both or neither;
     /// never waits.
     pub fn try_acquire(&self, key: &K) -> Result<KeyedPermit, ServiceSaturated> {
-        // A full ceiling sheds before the key's slot is taken, so that the
-        // key counts no admission for a call the ceiling refuses.
+        // A full ceiling sheds before the key's slot is taken: under
+        // overload, the cheapest refusal.
         if let Some(ceiling) = &self.inner.ceiling {
             if ceiling.is_saturated() {
                 return Err(ceiling.shed_now(ShedReason::LimitReached));
             }
         }
-        let permit = self.inner.keys.find(key, |entry| {
-            let permit = entry.bulkhead.try_acquire_or_reason();
-            if let Ok(permit) = &permit {
-                entry.taken(permit);
-            }
-            permit
+        // The key's slot is counted as admitted once the ceiling's is held
+        // too: a call either refuses is not admitted by the other.
+        let claimed = self.inner.keys.find(key, |entry| {
+            let claim = entry.bulkhead.try_claim()?;
+            entry.taken_at(entry.bulkhead.claimed_at(&claim));
+            Ok(ClaimedKey {
+                claimed: Some((entry.bulkhead.clone(), claim)),
+            })
         });
-        let key = match permit {
-            Some(Ok(permit)) => permit,
+        let key_claim = match claimed {
+            Some(Ok(claimed)) => claimed,
             Some(Err(reason)) => return Err(self.key_shed(key, reason)),
             None => return Err(self.too_many_keys()),
         };
@@ -307,7 +310,10 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             .as_ref()
             .map(Bulkhead::try_acquire)
             .transpose()?;
-        Ok(KeyedPermit { key, ceiling })
+        Ok(KeyedPermit {
+            key: key_claim.admit(),
+            ceiling,
+        })
     }
 
     /// [`try_acquire`](Self::try_acquire) for a caller that waits next if
@@ -328,7 +334,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             .keys
             .find(key, |entry| {
                 let permit = entry.bulkhead.try_acquire_unrecorded()?;
-                entry.taken(&permit);
+                entry.taken_at(permit.claimed_at());
                 Some((permit, entry.bulkhead.clone(), entry.line.clone()))
             })
             .ok_or_else(|| NotYet::Shed(self.too_many_keys()))?
@@ -494,6 +500,29 @@ impl<K> fmt::Debug for KeyedBulkhead<K> {
             .field("per_key", &self.inner.per_key)
             .field("ceiling", &self.inner.ceiling)
             .finish_non_exhaustive()
+    }
+}
+
+/// A key's slot claimed, not yet counted as admitted: given back if the
+/// call goes no further (the ceiling refused, or a hook panicked).
+struct ClaimedKey {
+    /// Both taken by `admit`.
+    claimed: Option<(Bulkhead, Claim)>,
+}
+
+impl ClaimedKey {
+    #[inline(always)]
+    fn admit(mut self) -> Permit {
+        let (bulkhead, claim) = self.claimed.take().expect("admitted once");
+        bulkhead.admit(claim)
+    }
+}
+
+impl Drop for ClaimedKey {
+    fn drop(&mut self) {
+        if let Some((bulkhead, claim)) = self.claimed.take() {
+            bulkhead.give_back(&claim);
+        }
     }
 }
 

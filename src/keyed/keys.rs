@@ -75,11 +75,11 @@ impl Entry {
         }
     }
 
-    /// Notes that `permit`, of this key's bulkhead, was taken by a caller
-    /// under the map's read lock.
+    /// Notes that a slot of this key's, taken at tick `at`, was taken by
+    /// a caller under the map's read lock.
     #[inline(always)]
-    pub(crate) fn taken(&self, permit: &Permit) {
-        note_taken(&self.last_taken, permit);
+    pub(crate) fn taken_at(&self, at: u64) {
+        note_taken(&self.last_taken, at);
     }
 }
 
@@ -87,7 +87,7 @@ impl KeyLine {
     /// Notes that `permit`, of this key's bulkhead, was taken by a caller
     /// that holds this line's `Arc`.
     pub(crate) fn taken(&self, permit: &Permit) {
-        note_taken(&self.last_taken, permit);
+        note_taken(&self.last_taken, permit.claimed_at());
     }
 
     /// How many of the ceiling's slots the key of `bulkhead` holds: its
@@ -100,12 +100,11 @@ impl KeyLine {
     }
 }
 
-/// Notes in `last_taken` the tick at which `permit` was taken, by a caller
+/// Notes in `last_taken` the tick `at` which a slot was taken, by a caller
 /// that holds the map's read lock or the key line's `Arc`, so that no sweep
 /// looks at the key before it is noted.
 #[inline(always)]
-fn note_taken(last_taken: &AtomicU64, permit: &Permit) {
-    let at = permit.claimed_at();
+fn note_taken(last_taken: &AtomicU64, at: u64) {
     // Relaxed: read by the sweep under the map's write lock, after the lock
     // or the `Arc` is given up. Written only when the tick moves (at most
     // 1,024 times a second), and never backwards.
@@ -118,9 +117,7 @@ struct Map<K> {
     entries: HashMap<K, Entry>,
     /// Every key in `entries`, once, in the order the sweep visits them.
     ring: VecDeque<K>,
-    /// Places taken by keys being made outside the lock: one for each key
-    /// in `making`.
-    reserved: usize,
+    /// Keys being made outside the lock, each holding a place.
     making: HashSet<K>,
 }
 
@@ -158,7 +155,6 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             map: RwLock::new(Map {
                 entries: HashMap::new(),
                 ring: VecDeque::new(),
-                reserved: 0,
                 making: HashSet::new(),
             }),
             template,
@@ -203,9 +199,10 @@ impl<K: Hash + Eq + Clone> Keys<K> {
 
     #[cold]
     fn insert<R>(&self, key: &K, found: impl FnOnce(&Entry) -> R) -> Option<R> {
-        // Room first: a key refused allocates nothing. One place a key: a
-        // second caller of a key being made takes none.
-        let reservation = {
+        // Room first: a key refused allocates nothing. One place a key, held
+        // while it is in `making`: a second caller of a key being made takes
+        // none.
+        let maker = {
             let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
             if let Some(entry) = map.entries.get(key) {
                 return Some(found(entry)); // made meanwhile
@@ -213,11 +210,11 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             if map.making.contains(key) {
                 None
             } else if self.make_room(&mut map) {
-                map.reserved += 1;
+                // A `Clone` or `Hash` that panics here takes no place.
                 map.making.insert(key.clone());
                 // The place is given back however this ends, a panicking
                 // limit function included.
-                Some(Reservation { keys: self, key })
+                Some(Maker { keys: self, key })
             } else {
                 self.refused.fetch_add(1, Ordering::Relaxed);
                 return None;
@@ -227,17 +224,17 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         // build, and the limit functions may look at this keyed bulkhead.
         let entry = self.make_entry(key);
         let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
-        let reserved = reservation.is_some();
-        if let Some(reservation) = reservation {
-            reservation.settle(&mut map);
+        if let Some(maker) = maker {
+            maker.done();
         }
         if let Some(entry) = map.entries.get(key) {
             return Some(found(entry)); // made meanwhile: ours is dropped
         }
-        // Without a place of its own: the place its maker holds, if it is
-        // still making the key (it finds the key made when it comes back),
-        // or room now.
-        if !reserved && !map.making.contains(key) && !self.make_room(&mut map) {
+        // A place: the one its maker holds, whoever made it (a second caller
+        // takes the place of a maker not back yet, who then finds the key
+        // made, or, if it was evicted meanwhile, needs room again), or room
+        // now.
+        if !map.making.remove(key) && !self.make_room(&mut map) {
             self.refused.fetch_add(1, Ordering::Relaxed);
             return None;
         }
@@ -253,7 +250,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     /// Whether a new key fits: fewer than `max_keys` are held or being
     /// made, or one was evicted.
     fn make_room(&self, map: &mut Map<K>) -> bool {
-        map.entries.len() + map.reserved < self.max_keys || self.evict_one(map)
+        map.entries.len() + map.making.len() < self.max_keys || self.evict_one(map)
     }
 
     fn make_entry(&self, key: &K) -> Entry {
@@ -441,29 +438,27 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     }
 }
 
-/// A place reserved for a key being made; given back if making it panics.
-struct Reservation<'a, K: Hash + Eq> {
+/// A caller making a key outside the lock: if it panics (in a limit
+/// function), its key's place is given back.
+struct Maker<'a, K: Hash + Eq> {
     keys: &'a Keys<K>,
     key: &'a K,
 }
 
-impl<K: Hash + Eq> Reservation<'_, K> {
-    /// Gives the place back to `map`, locked already.
-    fn settle(self, map: &mut Map<K>) {
-        map.reserved -= 1;
-        map.making.remove(self.key);
+impl<K: Hash + Eq> Maker<'_, K> {
+    /// Back with the key made, under the lock: the place is settled there.
+    fn done(self) {
         std::mem::forget(self);
     }
 }
 
-impl<K: Hash + Eq> Drop for Reservation<'_, K> {
+impl<K: Hash + Eq> Drop for Maker<'_, K> {
     fn drop(&mut self) {
         let mut map = self
             .keys
             .map
             .write()
             .unwrap_or_else(PoisonError::into_inner);
-        map.reserved -= 1;
         map.making.remove(self.key);
     }
 }

@@ -1,0 +1,175 @@
+//! Places for new keys and counts of keyed bulkheads, under races and
+//! keys whose `Clone` or `Hash` panic: faults found by an adversarial
+//! reading, each a promise an earlier version broke (a place leaked by a
+//! panicking `Clone`, a deadlock on the map's lock after a panicking
+//! `Hash`, more than `max_keys` keys held after racing first calls, and an
+//! admission counted by a key for a call its ceiling refused).
+
+use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Mutex};
+use std::time::Duration;
+use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig};
+use tower_inflight::{Config, ShedReason};
+
+const LONG: Duration = Duration::from_secs(30);
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// Ids whose `Clone` panics, and ids whose `Hash` panics.
+static CLONE_PANICS: Mutex<Option<HashSet<u32>>> = Mutex::new(None);
+static HASH_PANICS: Mutex<Option<HashSet<u32>>> = Mutex::new(None);
+
+fn set(of: &Mutex<Option<HashSet<u32>>>, id: u32) {
+    of.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashSet::new)
+        .insert(id);
+}
+
+fn has(of: &Mutex<Option<HashSet<u32>>>, id: u32) -> bool {
+    of.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .is_some_and(|ids| ids.contains(&id))
+}
+
+/// A key whose `Clone` or `Hash` panics once its id is named.
+#[derive(Debug, PartialEq, Eq)]
+struct Fragile(u32);
+
+impl Clone for Fragile {
+    fn clone(&self) -> Self {
+        if has(&CLONE_PANICS, self.0) {
+            panic!("clone of {} panics", self.0);
+        }
+        Fragile(self.0)
+    }
+}
+
+impl Hash for Fragile {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        if has(&HASH_PANICS, self.0) {
+            panic!("hash of {} panics", self.0);
+        }
+        self.0.hash(state);
+    }
+}
+
+/// A key whose `Clone` panicked while its place was reserved leaves the
+/// place taken forever: `reserved += 1` comes before `key.clone()`, and
+/// the `Reservation` that would give it back is built after.
+#[test]
+fn a_panicking_clone_leaks_no_place_for_new_keys() {
+    let keyed = KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(1));
+    set(&CLONE_PANICS, 101);
+    let outcome = catch_unwind(AssertUnwindSafe(|| keyed.try_acquire(&Fragile(101))));
+    assert!(outcome.is_err(), "the clone was expected to panic");
+    assert_eq!(keyed.keys(), 0);
+    // No key is held: a new key must fit.
+    match keyed.try_acquire(&Fragile(102)) {
+        Ok(_) => {}
+        Err(shed) => panic!(
+            "a new key with no key held was shed ({:?}): the panicking clone's place leaked",
+            shed.reason()
+        ),
+    }
+}
+
+/// A `Hash` that panics while the reservation is settled (under the map's
+/// write lock) runs `Reservation::drop`, which takes the write lock again
+/// on the same thread: the keyed bulkhead deadlocks for every caller.
+#[test]
+fn a_panicking_hash_while_a_key_is_made_does_not_deadlock() {
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, LONG))
+            .limit_per_key(|key: &Fragile| {
+                if key.0 == 201 {
+                    // From now on, hashing key 201 panics.
+                    set(&HASH_PANICS, 201);
+                }
+                1
+            })
+            .max_keys(4),
+    );
+    let (done, finished) = mpsc::channel();
+    let first = keyed.clone();
+    std::thread::spawn(move || {
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            first.try_acquire(&Fragile(201)).is_ok()
+        }));
+        let _ = done.send(outcome.is_ok());
+    });
+    assert!(
+        finished.recv_timeout(PATIENCE).is_ok(),
+        "a call whose key's Hash panicked never returned (deadlock on the map's lock)"
+    );
+    let (done, finished) = mpsc::channel();
+    let other = keyed.clone();
+    std::thread::spawn(move || {
+        let _ = done.send(other.try_acquire(&Fragile(202)).is_ok());
+    });
+    assert_eq!(finished.recv_timeout(PATIENCE), Ok(true));
+}
+
+/// Two first calls of one key race: the second inserts the key while the
+/// first still holds its reservation, so `entries + reserved` passes
+/// `max_keys`; a new key then evicts one key and reserves a place, and the
+/// first maker, back, inserts its key on its old place: more than
+/// `max_keys` keys are held.
+#[test]
+fn racing_first_calls_never_hold_more_than_max_keys() {
+    static BLOCKED_ONCE: AtomicBool = AtomicBool::new(false);
+    let (entered_tx, entered) = mpsc::channel::<()>();
+    let (release, released) = mpsc::channel::<()>();
+    let entered_tx = Mutex::new(entered_tx);
+    let released = Mutex::new(released);
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, LONG))
+            .limit_per_key(move |key: &&'static str| {
+                if *key == "x" && !BLOCKED_ONCE.swap(true, Ordering::SeqCst) {
+                    // The first maker of "x" is held here, outside the locks.
+                    entered_tx.lock().unwrap().send(()).unwrap();
+                    let _ = released.lock().unwrap().recv_timeout(PATIENCE);
+                }
+                1
+            })
+            .max_keys(1),
+    );
+    let first = keyed.clone();
+    let maker = std::thread::spawn(move || first.try_acquire(&"x").is_ok());
+    entered
+        .recv_timeout(PATIENCE)
+        .expect("the first maker of x reached its limit function");
+    // A second first call of "x": made and inserted meanwhile, then idle.
+    drop(keyed.try_acquire(&"x").expect("x admitted"));
+    // A new key: evicts idle "x".
+    drop(keyed.try_acquire(&"y").expect("y admitted"));
+    release.send(()).unwrap();
+    assert!(maker.join().unwrap());
+    assert!(
+        keyed.keys() <= 1,
+        "max_keys is 1 but {} keys are held",
+        keyed.keys()
+    );
+}
+
+/// A closed ceiling is not a full one: `try_acquire` takes the key's slot
+/// (an admission on the key) and only then is refused by the ceiling.
+#[test]
+fn a_call_the_ceiling_refuses_counts_no_admission_on_its_key() {
+    let keyed =
+        KeyedBulkhead::new(KeyedConfig::new(Config::new(2, LONG)).ceiling(Config::new(4, LONG)));
+    let held = keyed.try_acquire(&"a").unwrap();
+    keyed.ceiling().unwrap().close();
+    let shed = keyed.try_acquire(&"a").unwrap_err();
+    assert_eq!(shed.reason(), ShedReason::Closed);
+    let status = keyed.status(8);
+    let a = status.busiest.iter().find(|key| key.key == "a").unwrap();
+    assert_eq!(
+        a.totals.admitted, 1,
+        "key a counts an admission for the call the ceiling refused"
+    );
+    drop(held);
+}
