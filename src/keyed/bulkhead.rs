@@ -295,24 +295,27 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         let claimed = self.inner.keys.find(key, |entry| {
             let claim = entry.bulkhead.try_claim()?;
             entry.taken_at(entry.bulkhead.claimed_at(&claim));
-            Ok(ClaimedKey {
-                claimed: Some((entry.bulkhead.clone(), claim)),
-            })
+            Ok((entry.bulkhead.clone(), claim))
         });
-        let key_claim = match claimed {
+        let (bulkhead, claim) = match claimed {
             Some(Ok(claimed)) => claimed,
             Some(Err(reason)) => return Err(self.key_shed(key, reason)),
             None => return Err(self.too_many_keys()),
         };
-        let ceiling = self
-            .inner
-            .ceiling
-            .as_ref()
-            .map(Bulkhead::try_acquire)
-            .transpose()?;
+        let Some(ceiling) = &self.inner.ceiling else {
+            return Ok(KeyedPermit {
+                key: bulkhead.admit(claim),
+                ceiling: None,
+            });
+        };
+        // Given back if the ceiling refuses (or a hook of its panics).
+        let key = ClaimedKey {
+            claimed: Some((bulkhead, claim)),
+        };
+        let ceiling = ceiling.try_acquire()?;
         Ok(KeyedPermit {
-            key: key_claim.admit(),
-            ceiling,
+            key: key.admit(),
+            ceiling: Some(ceiling),
         })
     }
 
