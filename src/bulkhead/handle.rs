@@ -492,8 +492,7 @@ impl Bulkhead {
         if self.shared.has_cluster() {
             return None;
         }
-        let now = self.shared.clock.now();
-        let claim = self.shared.try_claim_weighted(1, now).ok()?;
+        let claim = self.try_claim().ok()?;
         Some(Permit::new(self.shared.clone(), claim))
     }
 

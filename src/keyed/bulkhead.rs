@@ -319,41 +319,48 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         })
     }
 
-    /// [`try_acquire`](Self::try_acquire) for a caller that waits next if
-    /// it is refused: a refusal for want of a slot is not recorded, since
-    /// the wait records what comes of the call, and a key's slot taken is
-    /// kept for the wait for the ceiling's.
-    pub(crate) fn try_acquire_before_waiting(&self, key: &K) -> Result<KeyedPermit, NotYet> {
+    /// How a layer's call starts: admitted at once, shed, or left to wait
+    /// (only if the configuration has a `wait` budget). Before waiting,
+    /// a refusal for want of a slot is not recorded, since the wait records
+    /// what comes of the call, and a key's slot taken is kept for the wait
+    /// for the ceiling's.
+    pub(crate) fn start(&self, key: &K) -> Start {
+        if !self.may_wait() {
+            return match self.try_acquire(key) {
+                Ok(permit) => Start::Admitted(permit),
+                Err(shed) => Start::Shed(shed),
+            };
+        }
         if self
             .inner
             .ceiling
             .as_ref()
             .is_some_and(Bulkhead::is_saturated)
         {
-            return Err(NotYet::WaitForKey);
+            return Start::Wait(None);
         }
-        let (permit, bulkhead, line) = self
-            .inner
-            .keys
-            .find(key, |entry| {
-                let permit = entry.bulkhead.try_acquire_unrecorded()?;
-                entry.taken_at(permit.claimed_at());
-                Some((permit, entry.bulkhead.clone(), entry.line.clone()))
-            })
-            .ok_or_else(|| NotYet::Shed(self.too_many_keys()))?
-            .ok_or(NotYet::WaitForKey)?;
+        let found = self.inner.keys.find(key, |entry| {
+            let permit = entry.bulkhead.try_acquire_unrecorded()?;
+            entry.taken_at(permit.claimed_at());
+            Some((permit, entry.bulkhead.clone(), entry.line.clone()))
+        });
+        let (permit, bulkhead, line) = match found {
+            Some(Some(found)) => found,
+            Some(None) => return Start::Wait(None),
+            None => return Start::Shed(self.too_many_keys()),
+        };
         let Some(ceiling) = &self.inner.ceiling else {
-            return Ok(KeyedPermit {
+            return Start::Admitted(KeyedPermit {
                 key: permit,
                 ceiling: None,
             });
         };
         match ceiling.try_acquire_unrecorded() {
-            Some(ceiling) => Ok(KeyedPermit {
+            Some(ceiling) => Start::Admitted(KeyedPermit {
                 key: permit,
                 ceiling: Some(ceiling),
             }),
-            None => Err(NotYet::WaitForCeiling(HeldKey {
+            None => Start::Wait(Some(HeldKey {
                 permit,
                 bulkhead,
                 line,
@@ -376,7 +383,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
     }
 
     /// [`acquire`](Self::acquire) for a caller that may hold its key's slot
-    /// already, from [`try_acquire_before_waiting`](Self::try_acquire_before_waiting).
+    /// already, from [`start`](Self::start).
     pub(crate) async fn acquire_after(
         &self,
         key: &K,
@@ -455,7 +462,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
 
     /// Whether a call may wait: the per-key configuration or the ceiling's
     /// has a `wait` budget.
-    pub(crate) fn may_wait(&self) -> bool {
+    fn may_wait(&self) -> bool {
         self.inner.per_key.wait.is_some()
             || self
                 .inner
@@ -529,14 +536,14 @@ impl Drop for ClaimedKey {
     }
 }
 
-/// Why [`KeyedBulkhead::try_acquire_before_waiting`] admitted nobody.
-pub(crate) enum NotYet {
-    /// Waiting cannot mend it.
+/// How a layer's call starts, from [`KeyedBulkhead::start`].
+pub(crate) enum Start {
+    Admitted(KeyedPermit),
+    /// Waiting cannot mend it, or the configuration has no `wait` budget.
     Shed(ServiceSaturated),
-    /// Wait for the key's slot, then the ceiling's.
-    WaitForKey,
-    /// Wait for the ceiling's slot, holding the key's.
-    WaitForCeiling(HeldKey),
+    /// Wait for the key's slot (`None`) and the ceiling's, or for the
+    /// ceiling's alone, holding the key's.
+    Wait(Option<HeldKey>),
 }
 
 /// A key's slot held by a caller that waits for the ceiling's, with what

@@ -6,7 +6,7 @@ use crate::error::ServiceSaturated;
 use crate::http::body::InFlight;
 use crate::http::response::{retry_after_secs, service_unavailable};
 use crate::http::ResponseBody;
-use crate::keyed::bulkhead::NotYet;
+use crate::keyed::bulkhead::Start;
 use crate::keyed::{KeyedBulkhead, KeyedConfig, KeyedPermit};
 use bytes::Bytes;
 use http::request::Parts;
@@ -175,17 +175,12 @@ where
         let (parts, body) = request.into_parts();
         let key = (self.key_of)(&parts);
         let request = Request::from_parts(parts, body);
-        if !self.keyed.may_wait() {
-            return match self.keyed.try_acquire(&key) {
-                Ok(permit) => KeyedHttpFuture::called(self.inner.call(request), permit),
-                Err(shed) => KeyedHttpFuture::refused(&shed),
-            };
-        }
-        let held = match self.keyed.try_acquire_before_waiting(&key) {
-            Ok(permit) => return KeyedHttpFuture::called(self.inner.call(request), permit),
-            Err(NotYet::Shed(shed)) => return KeyedHttpFuture::refused(&shed),
-            Err(NotYet::WaitForKey) => None,
-            Err(NotYet::WaitForCeiling(held)) => Some(held),
+        let held = match self.keyed.start(&key) {
+            Start::Admitted(permit) => {
+                return KeyedHttpFuture::called(self.inner.call(request), permit)
+            }
+            Start::Shed(shed) => return KeyedHttpFuture::refused(&shed),
+            Start::Wait(held) => held,
         };
         // The ready service goes into the future; this one keeps a clone,
         // not yet ready.

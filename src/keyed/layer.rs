@@ -1,7 +1,7 @@
 //! The tower layer over a keyed bulkhead.
 
 use crate::error::ServiceSaturated;
-use crate::keyed::bulkhead::NotYet;
+use crate::keyed::bulkhead::Start;
 use crate::keyed::{KeyedBulkhead, KeyedPermit};
 use crate::BoxError;
 use pin_project_lite::pin_project;
@@ -160,17 +160,12 @@ where
 
     fn call(&mut self, request: Request) -> Self::Future {
         let key = (self.key_of)(&request);
-        if !self.keyed.may_wait() {
-            return match self.keyed.try_acquire(&key) {
-                Ok(permit) => KeyedFuture::called(self.inner.call(request), permit),
-                Err(shed) => KeyedFuture::shed(shed),
-            };
-        }
-        let held = match self.keyed.try_acquire_before_waiting(&key) {
-            Ok(permit) => return KeyedFuture::called(self.inner.call(request), permit),
-            Err(NotYet::Shed(shed)) => return KeyedFuture::shed(shed),
-            Err(NotYet::WaitForKey) => None,
-            Err(NotYet::WaitForCeiling(held)) => Some(held),
+        let held = match self.keyed.start(&key) {
+            Start::Admitted(permit) => {
+                return KeyedFuture::called(self.inner.call(request), permit)
+            }
+            Start::Shed(shed) => return KeyedFuture::shed(shed),
+            Start::Wait(held) => held,
         };
         // The ready service goes into the future; this one keeps a clone,
         // not yet ready.

@@ -11,9 +11,9 @@
 //! callers waiting and a key with one alternate; a key of weight 2 gets two
 //! turns to one; and a key that arrives late starts at the virtual time,
 //! neither ahead of the keys that waited (as a tag of 0 would put it) nor
-//! behind the backlog of a busy key (as a count of its own callers put it,
-//! which let a key that kept one caller waiting starve another's later
-//! callers).
+//! behind the backlog of a busy key. (Ordering by each key's count of its
+//! own callers in line would not do: a key that keeps one caller waiting
+//! would always go before another key's later callers, and starve them.)
 //!
 //! The ceiling's line takes `i32` priorities: a tag is given as its
 //! distance from a base, moved up to the virtual time whenever nobody is in
