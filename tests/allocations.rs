@@ -182,3 +182,22 @@ fn a_small_table_gives_each_slot_a_cache_line_of_its_own() {
         "{bytes:.2} bytes a slot at limit 1024"
     );
 }
+
+/// A key held already costs its calls no allocation, admitted or shed, by
+/// its own limit or by the ceiling's.
+#[test]
+fn a_call_of_a_key_held_already_allocates_nothing_admitted_or_shed() {
+    use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig};
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(config())
+            .ceiling(Config::new(6, Duration::from_secs(30)).name("alloc-ceiling")),
+    );
+    let admitted = allocations_during(|| drop(keyed.try_acquire(&1u64).unwrap()));
+    assert_eq!(admitted, 0);
+    let _full: Vec<_> = (0..4).map(|_| keyed.try_acquire(&1u64).unwrap()).collect();
+    let shed_by_key = allocations_during(|| assert!(keyed.try_acquire(&1u64).is_err()));
+    assert_eq!(shed_by_key, 0);
+    let _rest: Vec<_> = (0..2).map(|_| keyed.try_acquire(&2u64).unwrap()).collect();
+    let shed_by_ceiling = allocations_during(|| assert!(keyed.try_acquire(&2u64).is_err()));
+    assert_eq!(shed_by_ceiling, 0);
+}
