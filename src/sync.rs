@@ -4,14 +4,14 @@
 
 #[cfg(not(tower_inflight_loom))]
 pub(crate) use std::sync::{
-    atomic::{fence, AtomicU64, AtomicUsize, Ordering},
-    Arc, Mutex, MutexGuard,
+    atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering},
+    Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
 };
 
 #[cfg(tower_inflight_loom)]
 pub(crate) use loom::sync::{
-    atomic::{fence, AtomicU64, AtomicUsize, Ordering},
-    Arc, Mutex, MutexGuard,
+    atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering},
+    Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
 };
 
 /// Locks `mutex`, ignoring poison: every critical section in this crate
@@ -27,6 +27,34 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     #[cfg(tower_inflight_loom)]
     {
         mutex.lock().unwrap()
+    }
+}
+
+/// Locks `rw_lock` to read, ignoring poison (see [`lock`]).
+pub(crate) fn read<T>(rw_lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    #[cfg(not(tower_inflight_loom))]
+    {
+        rw_lock
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+    #[cfg(tower_inflight_loom)]
+    {
+        rw_lock.read().unwrap()
+    }
+}
+
+/// Locks `rw_lock` to write, ignoring poison (see [`lock`]).
+pub(crate) fn write<T>(rw_lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    #[cfg(not(tower_inflight_loom))]
+    {
+        rw_lock
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+    #[cfg(tower_inflight_loom)]
+    {
+        rw_lock.write().unwrap()
     }
 }
 

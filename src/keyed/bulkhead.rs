@@ -8,10 +8,9 @@ use crate::keyed::keys::{KeyLine, Keys, LabelOf, LimitOf};
 use crate::keyed::turns::{Turn, Turns};
 use crate::keyed::KeyedStatus;
 use crate::slots::Claim;
+use crate::sync::{Arc, Ordering};
 use std::fmt;
 use std::hash::Hash;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 /// How a [`KeyedBulkhead`] is built: the configuration of each key's
 /// bulkhead, and optionally a ceiling for all keys together and a limit per
@@ -73,7 +72,7 @@ impl<K> KeyedConfig<K> {
     /// a slot beside its 8 KiB: keep `max_keys` times the largest limit in
     /// mind.
     pub fn limit_per_key(mut self, limit_of: impl Fn(&K) -> usize + Send + Sync + 'static) -> Self {
-        self.limit_of = Some(Arc::new(limit_of));
+        self.limit_of = Some(std::sync::Arc::new(limit_of));
         self
     }
 
@@ -92,7 +91,7 @@ impl<K> KeyedConfig<K> {
         mut self,
         guarantee_of: impl Fn(&K) -> usize + Send + Sync + 'static,
     ) -> Self {
-        self.guarantee_of = Some(Arc::new(guarantee_of));
+        self.guarantee_of = Some(std::sync::Arc::new(guarantee_of));
         self
     }
 
@@ -105,7 +104,7 @@ impl<K> KeyedConfig<K> {
         mut self,
         weight_of: impl Fn(&K) -> usize + Send + Sync + 'static,
     ) -> Self {
-        self.weight_of = Some(Arc::new(weight_of));
+        self.weight_of = Some(std::sync::Arc::new(weight_of));
         self
     }
 
@@ -133,7 +132,7 @@ impl<K> KeyedConfig<K> {
         mut self,
         label_of: impl Fn(&K) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
-        self.label_of = Some(Arc::new(label_of));
+        self.label_of = Some(std::sync::Arc::new(label_of));
         self
     }
 

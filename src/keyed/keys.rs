@@ -7,10 +7,11 @@ use crate::config::Config;
 use crate::keyed::turns::{weight, KeyTurn};
 use crate::keyed::KeyStatus;
 use crate::slots::MAX_SLOTS;
+use crate::sync::{
+    fence, read, write, Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, RwLock,
+};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 /// How many keys one new key may look at to find one to evict, so that a
 /// flood of new keys while every key is busy costs a bounded amount each.
@@ -21,9 +22,12 @@ const SWEEP: usize = 128;
 #[cfg(feature = "metrics")]
 const MAX_REPORTED_KEYS: usize = 64;
 
+// The functions of the configuration are `std`'s `Arc` even under loom,
+// whose `Arc` cannot hold an unsized `dyn Fn`: they are read, never raced.
+
 /// The label a key's metrics carry, if it is one of the keys to report:
 /// from [`KeyedConfig::metrics_per_key`](crate::keyed::KeyedConfig::metrics_per_key).
-pub(crate) type LabelOf<K> = Arc<dyn Fn(&K) -> Option<String> + Send + Sync>;
+pub(crate) type LabelOf<K> = std::sync::Arc<dyn Fn(&K) -> Option<String> + Send + Sync>;
 
 /// A number per key: its own limit, from
 /// [`KeyedConfig::limit_per_key`](crate::keyed::KeyedConfig::limit_per_key),
@@ -31,7 +35,7 @@ pub(crate) type LabelOf<K> = Arc<dyn Fn(&K) -> Option<String> + Send + Sync>;
 /// [`KeyedConfig::guarantee_per_key`](crate::keyed::KeyedConfig::guarantee_per_key),
 /// or its weight, from
 /// [`KeyedConfig::weight_per_key`](crate::keyed::KeyedConfig::weight_per_key).
-pub(crate) type LimitOf<K> = Arc<dyn Fn(&K) -> usize + Send + Sync>;
+pub(crate) type LimitOf<K> = std::sync::Arc<dyn Fn(&K) -> usize + Send + Sync>;
 
 /// One key's bulkhead, in the map. A caller taking a slot of it from the
 /// map holds the map's read lock; one that waits for a slot holds an `Arc`
@@ -182,7 +186,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     #[inline(always)]
     pub(crate) fn find<R>(&self, key: &K, found: impl FnOnce(&Entry) -> R) -> Option<R> {
         {
-            let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+            let map = read(&self.map);
             if let Some(entry) = map.entries.get(key) {
                 entry.mark_used();
                 return Some(found(entry));
@@ -193,7 +197,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
 
     /// `found` of `key`'s entry if it is held; nothing is made.
     pub(crate) fn get<R>(&self, key: &K, found: impl FnOnce(&Entry) -> R) -> Option<R> {
-        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+        let map = read(&self.map);
         map.entries.get(key).map(found)
     }
 
@@ -203,7 +207,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         // while it is in `making`: a second caller of a key being made takes
         // none.
         let maker = {
-            let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+            let mut map = write(&self.map);
             if let Some(entry) = map.entries.get(key) {
                 return Some(found(entry)); // made meanwhile
             }
@@ -223,7 +227,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         // Made outside the lock: a key with a large limit takes a while to
         // build, and the limit functions may look at this keyed bulkhead.
         let entry = self.make_entry(key);
-        let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        let mut map = write(&self.map);
         if let Some(maker) = maker {
             maker.done();
         }
@@ -314,7 +318,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     #[cfg(feature = "metrics")]
     fn label_to_report(&self, key: &K) -> Option<String> {
         let label = self.label_of.as_ref()?(key)?;
-        let mut reported = self.reported.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut reported = crate::sync::lock(&self.reported);
         if reported.contains(&label) {
             return Some(label);
         }
@@ -395,11 +399,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.map
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entries
-            .len()
+        read(&self.map).entries.len()
     }
 
     pub(crate) fn evicted(&self) -> u64 {
@@ -414,7 +414,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     /// `count` of them. Read under the map's read lock: a copy of every
     /// key's bulkhead would make each look busy to a sweep meanwhile.
     pub(crate) fn busiest(&self, count: usize) -> Vec<KeyStatus<K>> {
-        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+        let map = read(&self.map);
         let mut busy: Vec<(&K, &Entry, usize, usize)> = map
             .entries
             .iter()
@@ -454,11 +454,7 @@ impl<K: Hash + Eq> Maker<'_, K> {
 
 impl<K: Hash + Eq> Drop for Maker<'_, K> {
     fn drop(&mut self) {
-        let mut map = self
-            .keys
-            .map
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut map = write(&self.keys.map);
         map.making.remove(self.key);
     }
 }

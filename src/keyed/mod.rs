@@ -52,6 +52,8 @@ mod bulkhead;
 mod http;
 mod keys;
 mod layer;
+#[cfg(all(test, tower_inflight_loom))]
+mod loom_models;
 mod status;
 mod turns;
 

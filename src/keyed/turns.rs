@@ -21,8 +21,7 @@
 //! backlog of more than 30 million turns without a break saturates it, and
 //! the callers past that are served first come, first served).
 
-use crate::sync::{lock, Mutex};
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 
 /// What a call costs its key's turn at weight 1; at weight `w`, `COST / w`
 /// on average.

@@ -1,0 +1,99 @@
+//! Loom models of the keys' eviction: every interleaving of a caller taking
+//! a key's slot and a new key looking for room, with a manual clock standing
+//! past `reclaim_after` so that a key whose latest slot is not noted would
+//! look reclaimable. Run with the crate's other models:
+//!
+//! ```text
+//! RUSTFLAGS="--cfg tower_inflight_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --lib loom
+//! ```
+
+use super::keys::Keys;
+use super::{KeyedBulkhead, KeyedConfig};
+use crate::bulkhead::ManualClock;
+use crate::sync::Arc;
+use crate::{Config, ShedReason};
+use loom::thread;
+use std::time::Duration;
+
+const RECLAIM_AFTER: Duration = Duration::from_millis(10);
+
+/// A key's configuration on `clock`, one slot a key.
+fn per_key(clock: &ManualClock) -> Config {
+    Config::new(1, RECLAIM_AFTER).clock(clock.clone())
+}
+
+/// A caller that waits takes its key's slot holding only the line's `Arc`
+/// (not the map's lock), notes when, and lets the `Arc` go while it keeps
+/// its permit. A new key looking for room meanwhile must see the key as
+/// held: either the `Arc` is still out, or the note of the slot taken
+/// (which the `Arc`'s drop publishes) says it is not reclaimable. The
+/// model fails if the slot taken is not noted. (It cannot check the
+/// `Acquire` fence beside the count: loom's `Arc::strong_count`
+/// synchronizes by itself, where `std`'s is a relaxed load.)
+#[test]
+fn loom_a_slot_taken_by_a_waiting_caller_keeps_its_key() {
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let keys = Arc::new(Keys::<u32>::new(
+            per_key(&clock),
+            None,
+            None,
+            None,
+            None,
+            None,
+            1,
+        ));
+        // Past `reclaim_after` since the clock began: a key noted at tick 0
+        // looks reclaimable.
+        clock.advance(Duration::from_secs(1));
+        let (bulkhead, line) = keys
+            .find(&1, |entry| (entry.bulkhead.clone(), entry.line.clone()))
+            .expect("room for the first key");
+        let waiter = thread::spawn(move || {
+            let permit = bulkhead.try_acquire().expect("the key's slot is free");
+            line.taken(&permit);
+            drop((line, bulkhead));
+            permit
+        });
+        let newcomer = {
+            let keys = keys.clone();
+            thread::spawn(move || keys.find(&2, |_| ()).is_some())
+        };
+        let permit = waiter.join().unwrap();
+        assert!(
+            !newcomer.join().unwrap(),
+            "a new key evicted a key whose slot is held"
+        );
+        assert_eq!(keys.len(), 1);
+        drop(permit);
+    });
+}
+
+/// Two first calls of two keys under `max_keys` 1, each keeping its permit:
+/// exactly one is admitted (never two keys held past the cap, and never both
+/// shed while one could have had room), and the other is shed for too many
+/// keys. The model fails if a key being made outside the map's lock holds
+/// no place.
+#[test]
+fn loom_two_new_keys_under_a_cap_of_one_admit_exactly_one() {
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let keyed = KeyedBulkhead::<u32>::new(KeyedConfig::new(per_key(&clock)).max_keys(1));
+        let calls: Vec<_> = [1, 2]
+            .into_iter()
+            .map(|key| {
+                let keyed = keyed.clone();
+                thread::spawn(move || keyed.try_acquire(&key))
+            })
+            .collect();
+        let outcomes: Vec<_> = calls.into_iter().map(|call| call.join().unwrap()).collect();
+        let admitted = outcomes.iter().filter(|outcome| outcome.is_ok()).count();
+        assert_eq!(admitted, 1, "{outcomes:?}");
+        for outcome in &outcomes {
+            if let Err(shed) = outcome {
+                assert_eq!(shed.reason(), ShedReason::TooManyKeys);
+            }
+        }
+        assert_eq!(keyed.keys(), 1);
+    });
+}
