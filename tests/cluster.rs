@@ -12,6 +12,7 @@ use redis::AsyncCommands;
 use std::time::{Duration, Instant};
 use support::redis_server::RedisServer;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower_inflight::keyed::{KeyedBulkhead, KeyedConcurrencyLayer, KeyedConfig};
 use tower_inflight::redis::{ClusterCeiling, WhenUnreachable};
 use tower_inflight::{BoxError, Bulkhead, ConcurrencyLayer, Config, ServiceSaturated, ShedReason};
 
@@ -1028,4 +1029,112 @@ async fn a_failed_release_is_sent_again_after_a_backoff() {
     let cluster = bulkhead.status().cluster.unwrap();
     assert_eq!((cluster.leases_released, cluster.releases_lost), (1, 0));
     assert!(cluster.errors >= 1, "the first ZREM failed: {cluster:?}");
+}
+
+/// A keyed bulkhead on each of two replicas, their ceilings on one fleet
+/// ceiling: a call takes its key's slot, the local ceiling's and a lease,
+/// all or none.
+fn keyed_replica(
+    server: &RedisServer,
+    per_key: usize,
+    local: usize,
+    fleet: usize,
+) -> KeyedBulkhead<&'static str> {
+    KeyedBulkhead::new(KeyedConfig::new(Config::new(per_key, LONG)).ceiling(
+        Config::new(local, LONG).cluster_ceiling(ClusterCeiling::new(
+            server.client(),
+            "tenants",
+            fleet,
+        )),
+    ))
+}
+
+fn key_in_flight(keyed: &KeyedBulkhead<&'static str>, key: &str) -> usize {
+    keyed
+        .status(16)
+        .busiest
+        .iter()
+        .find(|status| status.key == key)
+        .map_or(0, |status| status.in_flight)
+}
+
+#[tokio::test]
+async fn keyed_bulkheads_on_two_replicas_share_one_fleet_ceiling() {
+    let server = RedisServer::start();
+    let (a, b) = (
+        keyed_replica(&server, 3, 4, 5),
+        keyed_replica(&server, 3, 4, 5),
+    );
+    let mut held = Vec::new();
+    for key in ["x", "x", "x", "y"] {
+        held.push(a.acquire(&key).await.unwrap());
+    }
+    assert_eq!(reason(a.acquire(&"z").await), ShedReason::LimitReached);
+    held.push(b.acquire(&"x").await.unwrap());
+    assert_eq!(leases(&server, "tenants").await, 5);
+
+    // B's key `y` and its local ceiling have room; the fleet has none.
+    assert_eq!(reason(b.acquire(&"y").await), ShedReason::ClusterLimit);
+    assert_eq!(key_in_flight(&b, "y"), 0, "the key's slot was given back");
+    assert_eq!(b.ceiling().unwrap().in_flight(), 1);
+
+    // A lease given back on A is taken on B.
+    drop(held.remove(0));
+    until_leases(&server, "tenants", 4).await;
+    held.push(b.acquire(&"y").await.unwrap());
+    assert_eq!(key_in_flight(&b, "y"), 1);
+    assert_eq!(leases(&server, "tenants").await, 5);
+
+    drop(held);
+    until_leases(&server, "tenants", 0).await;
+    for keyed in [&a, &b] {
+        assert_eq!(keyed.ceiling().unwrap().in_flight(), 0);
+        assert!(keyed.status(16).busiest.is_empty());
+    }
+}
+
+#[tokio::test]
+async fn the_keyed_layer_takes_a_lease_per_call_without_a_wait_budget() {
+    let server = RedisServer::start();
+    let layer = KeyedConcurrencyLayer::new(
+        KeyedConfig::new(Config::new(4, LONG)).ceiling(
+            Config::new(4, LONG).cluster_ceiling(ClusterCeiling::new(
+                server.client(),
+                "keyed-layer",
+                1,
+            )),
+        ),
+        |tenant: &&'static str| *tenant,
+    );
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let released = std::sync::Arc::new(std::sync::Mutex::new(Some(released)));
+    let mut service = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(service_fn(move |_: &'static str| {
+            let gate = released.lock().unwrap().take();
+            async move {
+                if let Some(gate) = gate {
+                    let _ = gate.await;
+                }
+                Ok::<_, BoxError>("done")
+            }
+        }));
+    let first = tokio::spawn(service.ready().await.unwrap().call("a"));
+    until_leases(&server, "keyed-layer", 1).await;
+
+    // Another tenant, with its own key's slot and the local ceiling's free:
+    // the fleet's one lease is taken.
+    let error = service.ready().await.unwrap().call("b").await.unwrap_err();
+    let shed = error.downcast_ref::<ServiceSaturated>().unwrap();
+    assert_eq!(shed.reason(), ShedReason::ClusterLimit);
+    assert_eq!(leases(&server, "keyed-layer").await, 1);
+
+    release.send(()).unwrap();
+    assert_eq!(first.await.unwrap().unwrap(), "done");
+    until_leases(&server, "keyed-layer", 0).await;
+    assert_eq!(
+        service.ready().await.unwrap().call("b").await.unwrap(),
+        "done"
+    );
+    assert_eq!(layer.bulkhead().ceiling().unwrap().in_flight(), 0);
 }

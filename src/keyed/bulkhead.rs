@@ -319,7 +319,8 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
     }
 
     /// How a layer's call starts: admitted at once, shed, or left to wait
-    /// (only if the configuration has a `wait` budget). Before waiting,
+    /// (only with a `wait` budget, or a cluster ceiling to ask for a lease).
+    /// Before waiting,
     /// a refusal for want of a slot is not recorded, since the wait records
     /// what comes of the call, and a key's slot taken is kept for the wait
     /// for the ceiling's.
@@ -459,15 +460,15 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         )
     }
 
-    /// Whether a call may wait: the per-key configuration or the ceiling's
-    /// has a `wait` budget.
+    /// Whether a call goes by the future that may wait: the per-key
+    /// configuration or the ceiling's has a `wait` budget, or the ceiling
+    /// asks a cluster ceiling for a lease (a round trip, which a call that
+    /// may not wait cannot make).
     fn may_wait(&self) -> bool {
         self.inner.per_key.wait.is_some()
-            || self
-                .inner
-                .ceiling
-                .as_ref()
-                .is_some_and(|ceiling| ceiling.config().wait.is_some())
+            || self.inner.ceiling.as_ref().is_some_and(|ceiling| {
+                ceiling.config().wait.is_some() || ceiling.shared().has_cluster()
+            })
     }
 
     /// The ceiling for all keys together, if there is one.
