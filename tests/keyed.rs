@@ -197,6 +197,30 @@ fn bad_configuration_is_refused_naming_the_field() {
         refused(KeyedConfig::new(Config::new(1, LONG)).max_keys(0)),
         "max_keys"
     );
+    // A caller holds its key's slot while it waits for the ceiling's: a
+    // wait that outlasts the key's `reclaim_after` would see the slot
+    // reclaimed from under it, and the key run past its limit.
+    let per_key = Config::new(1, Duration::from_secs(1));
+    let ceiling = |wait| Config::new(2, LONG).wait(wait);
+    assert_eq!(
+        refused(KeyedConfig::new(per_key.clone()).ceiling(ceiling(Duration::from_secs(1)))),
+        "ceiling.wait"
+    );
+    assert!(KeyedBulkhead::<u32>::try_new(
+        KeyedConfig::new(per_key).ceiling(ceiling(Duration::from_millis(999)))
+    )
+    .is_ok());
+    // No byte budget: the keyed layers reserve no bytes, and would ignore it.
+    assert_eq!(
+        refused(KeyedConfig::new(Config::new(1, LONG).max_bytes(100))),
+        "max_bytes"
+    );
+    assert_eq!(
+        refused(
+            KeyedConfig::new(Config::new(1, LONG)).ceiling(Config::new(1, LONG).max_bytes(100))
+        ),
+        "ceiling.max_bytes"
+    );
     // A cluster ceiling is the keyed ceiling's to have, not each key's.
     #[cfg(feature = "redis")]
     {
@@ -207,6 +231,20 @@ fn bad_configuration_is_refused_naming_the_field() {
                 Config::new(1, LONG).cluster_ceiling(on_redis)
             )),
             "cluster_ceiling"
+        );
+        // On the keyed ceiling, a lease asked for as the wait ends may take
+        // its round trip (100 ms by default) more.
+        let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
+        let on_redis = tower_inflight::redis::ClusterCeiling::new(client, "tenants", 10);
+        assert_eq!(
+            refused(
+                KeyedConfig::new(Config::new(1, Duration::from_secs(1))).ceiling(
+                    Config::new(2, LONG)
+                        .wait(Duration::from_millis(950))
+                        .cluster_ceiling(on_redis)
+                )
+            ),
+            "ceiling.wait"
         );
     }
 }

@@ -2,7 +2,8 @@
 //! promise of the docs (or a plain invariant) that an earlier version
 //! broke: races between the first calls of a new key, callers that gave up
 //! moving their key's turn back, weights rounded away, admissions counted
-//! twice, a status call or a panicking `Hash` pinning keys, a leaked
+//! twice (also for a call the ceiling shed after it waited), a status call
+//! or a panicking `Hash` pinning keys, a leaked
 //! permit's gauge outliving its key, and sheds for too many keys counted
 //! nowhere.
 #![cfg(all(feature = "metrics", feature = "axum"))]
@@ -287,6 +288,71 @@ fn a_call_shed_by_the_ceiling_is_not_counted_admitted_by_its_key() {
     assert_eq!(
         totals.admitted, 1,
         "key b: one call admitted, one shed by the ceiling; totals {totals:?}"
+    );
+}
+
+/// `key`'s admissions so far, read while one call of it is held (so that
+/// it shows among the busiest keys).
+fn admitted_of(keyed: &KeyedBulkhead<&'static str>, key: &'static str) -> u64 {
+    let held = keyed.try_acquire(&key).expect("a call of the key fits now");
+    let status = keyed.status(64);
+    let totals = status
+        .busiest
+        .iter()
+        .find(|status| status.key == key)
+        .expect("the key is in flight")
+        .totals;
+    drop(held);
+    totals.admitted
+}
+
+/// `acquire`: the key's slot is granted, the ceiling's wait then runs out,
+/// and the call gets neither; its key must not count it admitted.
+#[tokio::test(start_paused = true)]
+async fn a_call_whose_ceiling_wait_ran_out_is_not_counted_admitted_by_its_key() {
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(2, LONG))
+            .ceiling(Config::new(1, LONG).wait(Duration::from_millis(100))),
+    );
+    let held = keyed.try_acquire(&"a").unwrap();
+    assert_eq!(
+        keyed.acquire(&"b").await.unwrap_err().reason(),
+        ShedReason::WaitExpired
+    );
+    drop(held);
+    let admitted = admitted_of(&keyed, "b");
+    assert_eq!(
+        admitted, 1,
+        "key b: one call admitted, one shed by the ceiling after waiting; b counts {admitted}"
+    );
+}
+
+/// The same through the layer, whose call claims the key's slot before it
+/// waits for the ceiling's.
+#[tokio::test(start_paused = true)]
+async fn a_layer_call_shed_by_the_ceiling_after_waiting_is_not_counted_admitted_by_its_key() {
+    let layer = KeyedConcurrencyLayer::new(
+        KeyedConfig::new(Config::new(2, LONG))
+            .ceiling(Config::new(1, LONG).wait(Duration::from_millis(100))),
+        |request: &&'static str| *request,
+    );
+    let keyed = layer.bulkhead();
+    let service = ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(|_: &'static str| async {
+            Ok::<_, BoxError>(())
+        }));
+    let held = keyed.try_acquire(&"a").unwrap();
+    let error = service.clone().oneshot("b").await.unwrap_err();
+    let shed = error
+        .downcast_ref::<tower_inflight::ServiceSaturated>()
+        .unwrap();
+    assert_eq!(shed.reason(), ShedReason::WaitExpired);
+    drop(held);
+    let admitted = admitted_of(&keyed, "b");
+    assert_eq!(
+        admitted, 1,
+        "key b: one call admitted, one shed by the ceiling; b counts {admitted}"
     );
 }
 

@@ -2,8 +2,10 @@
 //! keys whose `Clone` or `Hash` panic: faults found by an adversarial
 //! reading, each a promise an earlier version broke (a place leaked by a
 //! panicking `Clone`, a deadlock on the map's lock after a panicking
-//! `Hash`, more than `max_keys` keys held after racing first calls, and an
-//! admission counted by a key for a call its ceiling refused).
+//! `Hash`, a place leaked by a `Hash` that panics once the key is made,
+//! more than `max_keys` keys held after racing first calls, an admission
+//! counted by a key for a call its ceiling refused, and an event hook that
+//! deadlocked on the map's lock).
 
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
@@ -172,4 +174,78 @@ fn a_call_the_ceiling_refuses_counts_no_admission_on_its_key() {
         "key a counts an admission for the call the ceiling refused"
     );
     drop(held);
+}
+
+/// A `Hash` that panics once the key's limit function has run, as the key
+/// goes into the map: its place must come back (with `max_keys` 1, the
+/// next new key fits).
+#[test]
+fn a_hash_that_panics_as_a_made_key_goes_in_leaks_no_place() {
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, LONG))
+            .limit_per_key(|key: &Fragile| {
+                if key.0 == 301 {
+                    set(&HASH_PANICS, 301);
+                }
+                1
+            })
+            .max_keys(1),
+    );
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        keyed.try_acquire(&Fragile(301)).is_ok()
+    }));
+    assert!(outcome.is_err(), "the hash was to panic");
+    assert_eq!(keyed.keys(), 0);
+    if let Err(shed) = keyed.try_acquire(&Fragile(302)) {
+        panic!(
+            "no key held, max_keys 1, yet a new key is shed ({:?})",
+            shed.reason()
+        );
+    }
+}
+
+/// A per-key event hook that looks at the keyed bulkhead, heard as the
+/// layer admits a new key's first call: it must not run under the map's
+/// lock.
+#[test]
+fn an_event_hook_that_reads_the_keyed_bulkhead_does_not_deadlock() {
+    use std::sync::OnceLock;
+    use tower::{service_fn, ServiceBuilder, ServiceExt};
+    use tower_inflight::keyed::KeyedConcurrencyLayer;
+    use tower_inflight::{BoxError, Event};
+
+    static KEYED: OnceLock<KeyedBulkhead<u32>> = OnceLock::new();
+    let per_key = Config::new(2, LONG)
+        .wait(Duration::from_millis(100))
+        .on_event(|event| {
+            if matches!(event, Event::Admitted | Event::Rejected { .. }) {
+                if let Some(keyed) = KEYED.get() {
+                    let _ = keyed.keys();
+                }
+            }
+        });
+    let keyed = KeyedBulkhead::new(KeyedConfig::new(per_key));
+    let _ = KEYED.set(keyed.clone());
+    let layer = KeyedConcurrencyLayer::from_bulkhead(keyed, |request: &u32| *request);
+    let (done, finished) = mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let outcome = runtime.block_on(async move {
+            ServiceBuilder::new()
+                .layer(layer)
+                .service(service_fn(|_: u32| async { Ok::<_, BoxError>(()) }))
+                .oneshot(7)
+                .await
+                .is_ok()
+        });
+        let _ = done.send(outcome);
+    });
+    assert_eq!(
+        finished.recv_timeout(PATIENCE),
+        Ok(true),
+        "a request whose per-key hook reads the keyed bulkhead never returned"
+    );
 }

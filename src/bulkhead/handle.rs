@@ -2,7 +2,7 @@
 //! (close, drain, reset).
 
 use crate::bulkhead::drain::RECHECK;
-use crate::bulkhead::{Acquire, BorrowedPermit, Permit, Shared};
+use crate::bulkhead::{Acquire, BorrowedPermit, Granted, Permit, Shared};
 use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::observe::Status;
@@ -519,6 +519,13 @@ impl Bulkhead {
     #[inline(always)]
     pub(crate) fn admit(self, claim: Claim) -> Permit {
         Permit::new(self.shared, claim)
+    }
+
+    /// `claim`, from [`try_claim`](Self::try_claim), kept for a caller that
+    /// waits for something else before it is counted as admitted (made a
+    /// permit by [`Granted::into_permit`], or given back when dropped).
+    pub(crate) fn grant(&self, claim: Claim) -> Granted {
+        Granted::new(self.shared.clone(), claim)
     }
 
     /// `claim`, from [`try_claim`](Self::try_claim), given back uncounted.

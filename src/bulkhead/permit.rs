@@ -87,11 +87,6 @@ impl Permit {
         Self::with_share(shared, claim, Share::NONE)
     }
 
-    /// The tick at which the slot was taken, on its bulkhead's clock.
-    pub(crate) fn claimed_at(&self) -> u64 {
-        self.shared.slots.claimed_at(&self.claim)
-    }
-
     /// A permit for `claim` and the bytes of `share`, recorded on its slot
     /// already.
     #[inline(always)]
@@ -195,6 +190,15 @@ impl Granted {
             claim: Some(claim),
             lease: HeldLease::default(),
         }
+    }
+
+    /// The tick at which its slots were taken, on its bulkhead's clock.
+    pub(crate) fn claimed_at(&self) -> u64 {
+        let claim = self
+            .claim
+            .as_ref()
+            .expect("a grant holds its claim until made a permit");
+        self.shared.slots.claimed_at(claim)
     }
 
     /// The grant, holding `lease` beside its slots.

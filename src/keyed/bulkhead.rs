@@ -1,7 +1,7 @@
 //! The keyed bulkhead: a bulkhead per key, and an optional ceiling for all
 //! keys together.
 
-use crate::bulkhead::{Bulkhead, Permit};
+use crate::bulkhead::{Bulkhead, Granted, Permit};
 use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::keyed::keys::{KeyLine, Keys, LabelOf, LimitOf};
@@ -11,6 +11,7 @@ use crate::slots::Claim;
 use crate::sync::{Arc, Ordering};
 use std::fmt;
 use std::hash::Hash;
+use std::time::Duration;
 
 /// How a [`KeyedBulkhead`] is built: the configuration of each key's
 /// bulkhead, and optionally a ceiling for all keys together and a limit per
@@ -42,7 +43,9 @@ pub struct KeyedConfig<K> {
 impl<K> KeyedConfig<K> {
     /// Each key's bulkhead is built from `per_key` (its `limit`,
     /// `reclaim_after`, `wait`, ...). At most 1,000 keys are held at once
-    /// unless [`max_keys`](Self::max_keys) says otherwise.
+    /// unless [`max_keys`](Self::max_keys) says otherwise. A keyed bulkhead
+    /// reserves no bytes: a `max_bytes` here or on the ceiling is refused
+    /// at construction.
     pub fn new(per_key: Config) -> Self {
         Self {
             per_key,
@@ -59,6 +62,11 @@ impl<K> KeyedConfig<K> {
     /// of the ceiling's, both or neither. Its line is ordered in turns
     /// across keys (its `queue_order` is set to
     /// [`PriorityFifo`](crate::QueueOrder::PriorityFifo) for that).
+    ///
+    /// A caller holds its key's slot while it waits for the ceiling's, so
+    /// the ceiling's `wait` (with a cluster ceiling, plus its `timeout`)
+    /// must be shorter than the per-key `reclaim_after`; construction
+    /// refuses it otherwise, naming `ceiling.wait`.
     pub fn ceiling(mut self, ceiling: Config) -> Self {
         self.ceiling = Some(ceiling);
         self
@@ -166,6 +174,41 @@ impl<K> KeyedConfig<K> {
         }
         if let Some(ceiling) = &self.ceiling {
             ceiling.validate()?;
+            // A caller keeps its key's slot while it waits for the
+            // ceiling's: the wait must end before the slot could be
+            // reclaimed from under it.
+            let longest = ceiling_hold(ceiling);
+            if longest >= self.per_key.reclaim_after {
+                return Err(ConfigError::new(
+                    "ceiling.wait",
+                    format!(
+                        "{longest:?} (the ceiling's wait{}) must be shorter than the per-key \
+                         reclaim_after ({:?}): a caller holds its key's slot while it waits for \
+                         the ceiling's",
+                        if ceiling.wait.is_some_and(|wait| wait != longest) {
+                            ", with a lease's round trip"
+                        } else {
+                            ""
+                        },
+                        self.per_key.reclaim_after
+                    ),
+                ));
+            }
+        }
+        // The keyed bulkhead and its layers reserve no bytes: a budget would
+        // be accepted and never kept.
+        for (field, config) in [
+            ("max_bytes", Some(&self.per_key)),
+            ("ceiling.max_bytes", self.ceiling.as_ref()),
+        ] {
+            if config.is_some_and(|config| config.max_bytes.is_some()) {
+                return Err(ConfigError::new(
+                    field,
+                    "is not supported by a keyed bulkhead, which reserves no bytes: put a byte \
+                     budget on a plain HttpConcurrencyLayer in front of it"
+                        .into(),
+                ));
+            }
         }
         if self.max_keys == 0 {
             return Err(ConfigError::new(
@@ -175,6 +218,18 @@ impl<K> KeyedConfig<K> {
         }
         Ok(())
     }
+}
+
+/// The longest a caller may wait for the ceiling's slot, holding its key's:
+/// the ceiling's `wait`, and with a cluster ceiling the round trip of a
+/// lease asked for at its end.
+fn ceiling_hold(ceiling: &Config) -> Duration {
+    let wait = ceiling.wait.unwrap_or_default();
+    #[cfg(feature = "redis")]
+    if let Some(cluster) = &ceiling.cluster {
+        return wait.saturating_add(cluster.timeout);
+    }
+    wait
 }
 
 impl<K> fmt::Debug for KeyedConfig<K> {
@@ -339,32 +394,35 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         {
             return Start::Wait(None);
         }
+        // The key's slot is claimed under the map's lock and made a permit
+        // (counted, its event heard) outside it: a hook may look at this
+        // keyed bulkhead.
         let found = self.inner.keys.find(key, |entry| {
-            let permit = entry.bulkhead.try_acquire_unrecorded()?;
-            entry.taken_at(permit.claimed_at());
-            Some((permit, entry.bulkhead.clone(), entry.line.clone()))
+            let claim = entry.bulkhead.try_claim().ok()?;
+            entry.taken_at(entry.bulkhead.claimed_at(&claim));
+            Some((entry.bulkhead.clone(), claim, entry.line.clone()))
         });
-        let (permit, bulkhead, line) = match found {
+        let (bulkhead, claim, line) = match found {
             Some(Some(found)) => found,
             Some(None) => return Start::Wait(None),
             None => return Start::Shed(self.too_many_keys()),
         };
         let Some(ceiling) = &self.inner.ceiling else {
             return Start::Admitted(KeyedPermit {
-                key: permit,
+                key: bulkhead.admit(claim),
                 ceiling: None,
             });
         };
+        // Counted as admitted by the key once the ceiling's slot is held.
+        let key = ClaimedKey {
+            claimed: Some((bulkhead, claim)),
+        };
         match ceiling.try_acquire_unrecorded() {
             Some(ceiling) => Start::Admitted(KeyedPermit {
-                key: permit,
+                key: key.admit(),
                 ceiling: Some(ceiling),
             }),
-            None => Start::Wait(Some(HeldKey {
-                permit,
-                bulkhead,
-                line,
-            })),
+            None => Start::Wait(Some(key.hold(line))),
         }
     }
 
@@ -399,10 +457,15 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
                     .keys
                     .find(key, |entry| (entry.bulkhead.clone(), entry.line.clone()))
                     .ok_or_else(|| self.too_many_keys())?;
-                let permit = bulkhead.acquire().await?;
-                line.taken(&permit);
+                // Granted, not yet admitted: the key counts the call once
+                // the ceiling's slot is held too.
+                let granted = {
+                    let mut acquire = std::pin::pin!(bulkhead.acquire());
+                    std::future::poll_fn(|cx| acquire.as_mut().poll_granted(cx)).await?
+                };
+                line.taken_at(granted.claimed_at());
                 HeldKey {
-                    permit,
+                    granted,
                     bulkhead,
                     line,
                 }
@@ -410,7 +473,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         };
         let Some(ceiling) = &self.inner.ceiling else {
             return Ok(KeyedPermit {
-                key: held.permit,
+                key: held.granted.into_permit(0)?,
                 ceiling: None,
             });
         };
@@ -419,7 +482,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         waiting.served = true;
         drop(waiting);
         Ok(KeyedPermit {
-            key: held.permit,
+            key: held.granted.into_permit(0)?,
             ceiling: Some(permit),
         })
     }
@@ -428,9 +491,12 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
     /// the refusal came out of the map's lock as its reason alone).
     #[cold]
     fn key_shed(&self, key: &K, reason: ShedReason) -> ServiceSaturated {
+        // Recorded outside the map's lock: a hook may look at this keyed
+        // bulkhead.
         self.inner
             .keys
-            .get(key, |entry| entry.bulkhead.shed_now(reason))
+            .get(key, |entry| entry.bulkhead.clone())
+            .map(|bulkhead| bulkhead.shed_now(reason))
             .unwrap_or_else(|| {
                 // Evicted meanwhile: its bulkhead is gone, and so is its
                 // record.
@@ -526,6 +592,16 @@ impl ClaimedKey {
         let (bulkhead, claim) = self.claimed.take().expect("admitted once");
         bulkhead.admit(claim)
     }
+
+    /// Kept for a wait for the ceiling's slot, still not counted.
+    fn hold(mut self, line: Arc<KeyLine>) -> HeldKey {
+        let (bulkhead, claim) = self.claimed.take().expect("held once");
+        HeldKey {
+            granted: bulkhead.grant(claim),
+            bulkhead,
+            line,
+        }
+    }
 }
 
 impl Drop for ClaimedKey {
@@ -550,7 +626,9 @@ pub(crate) enum Start {
 /// it needs of the key meanwhile (its line's `Arc` keeps the key from
 /// eviction).
 pub(crate) struct HeldKey {
-    permit: Permit,
+    /// Counted as admitted once the ceiling's slot is held; given back if
+    /// it never is.
+    granted: Granted,
     bulkhead: Bulkhead,
     line: Arc<KeyLine>,
 }

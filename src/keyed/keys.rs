@@ -2,7 +2,7 @@
 //! first call, and evicted once nothing holds it, so that no stream of
 //! distinct keys makes memory grow past `max_keys`.
 
-use crate::bulkhead::{Bulkhead, Permit};
+use crate::bulkhead::Bulkhead;
 use crate::config::Config;
 use crate::keyed::turns::{weight, KeyTurn};
 use crate::keyed::KeyStatus;
@@ -11,6 +11,7 @@ use crate::sync::{
     fence, read, write, Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, RwLock,
 };
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::BuildHasher;
 use std::hash::Hash;
 
 /// How many keys one new key may look at to find one to evict, so that a
@@ -88,10 +89,10 @@ impl Entry {
 }
 
 impl KeyLine {
-    /// Notes that `permit`, of this key's bulkhead, was taken by a caller
-    /// that holds this line's `Arc`.
-    pub(crate) fn taken(&self, permit: &Permit) {
-        note_taken(&self.last_taken, permit.claimed_at());
+    /// Notes that a slot of this key's, taken at tick `at`, was taken by a
+    /// caller that holds this line's `Arc`.
+    pub(crate) fn taken_at(&self, at: u64) {
+        note_taken(&self.last_taken, at);
     }
 
     /// How many of the ceiling's slots the key of `bulkhead` holds: its
@@ -121,8 +122,25 @@ struct Map<K> {
     entries: HashMap<K, Entry>,
     /// Every key in `entries`, once, in the order the sweep visits them.
     ring: VecDeque<K>,
-    /// Keys being made outside the lock, each holding a place.
-    making: HashSet<K>,
+    /// The hashes of the keys being made outside the lock, each holding a
+    /// place. Hashes, not keys: a place is found and given back without a
+    /// call to the key's own `Hash` or `Eq`, either of which may panic. (Two
+    /// keys of one hash made at once share a place, and the second to come
+    /// back may find no room: a call shed, never a key past `max_keys`.)
+    making: Vec<u64>,
+}
+
+impl<K> Map<K> {
+    /// Takes the place held for a key of `hash` being made, if there is one.
+    fn take_place(&mut self, hash: u64) -> bool {
+        match self.making.iter().position(|&made| made == hash) {
+            Some(at) => {
+                self.making.swap_remove(at);
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 pub(crate) struct Keys<K> {
@@ -159,7 +177,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             map: RwLock::new(Map {
                 entries: HashMap::new(),
                 ring: VecDeque::new(),
-                making: HashSet::new(),
+                making: Vec::new(),
             }),
             template,
             max_limit: max_limit.unwrap_or(MAX_SLOTS).clamp(1, MAX_SLOTS),
@@ -204,21 +222,21 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     #[cold]
     fn insert<R>(&self, key: &K, found: impl FnOnce(&Entry) -> R) -> Option<R> {
         // Room first: a key refused allocates nothing. One place a key, held
-        // while it is in `making`: a second caller of a key being made takes
-        // none.
-        let maker = {
+        // while its hash is in `making`: a second caller of a key being made
+        // takes none.
+        let (maker, hash) = {
             let mut map = write(&self.map);
             if let Some(entry) = map.entries.get(key) {
                 return Some(found(entry)); // made meanwhile
             }
-            if map.making.contains(key) {
-                None
+            let hash = map.entries.hasher().hash_one(key);
+            if map.making.contains(&hash) {
+                (None, hash)
             } else if self.make_room(&mut map) {
-                // A `Clone` or `Hash` that panics here takes no place.
-                map.making.insert(key.clone());
+                map.making.push(hash);
                 // The place is given back however this ends, a panicking
                 // limit function included.
-                Some(Maker { keys: self, key })
+                (Some(Maker { keys: self, hash }), hash)
             } else {
                 self.refused.fetch_add(1, Ordering::Relaxed);
                 return None;
@@ -231,14 +249,20 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         if let Some(maker) = maker {
             maker.done();
         }
-        if let Some(entry) = map.entries.get(key) {
-            return Some(found(entry)); // made meanwhile: ours is dropped
+        // A place: the one held for the key, whoever holds it (a second
+        // caller takes the place of a maker not back yet, who then finds the
+        // key made, or, if it was evicted meanwhile, needs room again), or
+        // room now. Taken before the key's own code runs again: if its
+        // `Hash`, `Eq` or `Clone` panics below, no place is left held.
+        let placed = map.take_place(hash);
+        if map.entries.contains_key(key) {
+            if placed {
+                // Another key's, of the same hash: not ours to take.
+                map.making.push(hash);
+            }
+            return map.entries.get(key).map(found); // made meanwhile: ours is dropped
         }
-        // A place: the one its maker holds, whoever made it (a second caller
-        // takes the place of a maker not back yet, who then finds the key
-        // made, or, if it was evicted meanwhile, needs room again), or room
-        // now.
-        if !map.making.remove(key) && !self.make_room(&mut map) {
+        if !placed && !self.make_room(&mut map) {
             self.refused.fetch_add(1, Ordering::Relaxed);
             return None;
         }
@@ -440,21 +464,21 @@ impl<K: Hash + Eq + Clone> Keys<K> {
 
 /// A caller making a key outside the lock: if it panics (in a limit
 /// function), its key's place is given back.
-struct Maker<'a, K: Hash + Eq> {
+struct Maker<'a, K> {
     keys: &'a Keys<K>,
-    key: &'a K,
+    /// The key's hash, by which its place is known.
+    hash: u64,
 }
 
-impl<K: Hash + Eq> Maker<'_, K> {
+impl<K> Maker<'_, K> {
     /// Back with the key made, under the lock: the place is settled there.
     fn done(self) {
         std::mem::forget(self);
     }
 }
 
-impl<K: Hash + Eq> Drop for Maker<'_, K> {
+impl<K> Drop for Maker<'_, K> {
     fn drop(&mut self) {
-        let mut map = write(&self.keys.map);
-        map.making.remove(self.key);
+        write(&self.keys.map).take_place(self.hash);
     }
 }

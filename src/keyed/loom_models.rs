@@ -24,7 +24,7 @@ fn per_key(clock: &ManualClock) -> Config {
 
 /// A caller that waits takes its key's slot holding only the line's `Arc`
 /// (not the map's lock), notes when, and lets the `Arc` go while it keeps
-/// its permit. A new key looking for room meanwhile must see the key as
+/// the slot. A new key looking for room meanwhile must see the key as
 /// held: either the `Arc` is still out, or the note of the slot taken
 /// (which the `Arc`'s drop publishes) says it is not reclaimable. The
 /// model fails if the slot taken is not noted. (It cannot check the
@@ -50,22 +50,26 @@ fn loom_a_slot_taken_by_a_waiting_caller_keeps_its_key() {
             .find(&1, |entry| (entry.bulkhead.clone(), entry.line.clone()))
             .expect("room for the first key");
         let waiter = thread::spawn(move || {
-            let permit = bulkhead.try_acquire().expect("the key's slot is free");
-            line.taken(&permit);
+            // As a caller granted the key's slot after waiting for it: the
+            // grant noted, kept (for the ceiling's wait) after the line's
+            // `Arc` goes.
+            let claim = bulkhead.try_claim().expect("the key's slot is free");
+            let granted = bulkhead.grant(claim);
+            line.taken_at(granted.claimed_at());
             drop((line, bulkhead));
-            permit
+            granted
         });
         let newcomer = {
             let keys = keys.clone();
             thread::spawn(move || keys.find(&2, |_| ()).is_some())
         };
-        let permit = waiter.join().unwrap();
+        let granted = waiter.join().unwrap();
         assert!(
             !newcomer.join().unwrap(),
             "a new key evicted a key whose slot is held"
         );
         assert_eq!(keys.len(), 1);
-        drop(permit);
+        drop(granted);
     });
 }
 
