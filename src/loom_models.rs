@@ -186,7 +186,7 @@ fn waiter_meets_a_release(limit: usize, weight: usize) {
                 waiters.after_release(&table, &Clock::Manual(ManualClock::new()));
             })
         };
-        let arrival = waiters.arrive(&table, 1, None, 0, weight);
+        let arrival = waiters.arrive(&table, 1, None, crate::Ticket::new().weight(weight));
         releaser.join().unwrap();
         let got_slots = match &arrival {
             Arrival::Admitted(_) => true,

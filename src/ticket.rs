@@ -22,6 +22,10 @@
 pub struct Ticket {
     priority: i32,
     weight: usize,
+    /// Where the caller goes in a line ordered by priority, in place of its
+    /// priority: for the crate's own orders, which need more than 32 bits
+    /// (the turns of a keyed bulkhead's ceiling).
+    place: Option<i64>,
 }
 
 impl Ticket {
@@ -30,6 +34,7 @@ impl Ticket {
         Self {
             priority: 0,
             weight: 1,
+            place: None,
         }
     }
 
@@ -59,6 +64,21 @@ impl Ticket {
     /// The weight.
     pub const fn get_weight(&self) -> usize {
         self.weight
+    }
+
+    /// Goes to `place` in a line ordered by priority (lower first), while
+    /// its priority still names it in the metrics.
+    pub(crate) const fn place_in_line(mut self, place: i64) -> Self {
+        self.place = Some(place);
+        self
+    }
+
+    /// Where the caller goes in a line ordered by priority.
+    pub(crate) const fn get_place_in_line(&self) -> i64 {
+        match self.place {
+            Some(place) => place,
+            None => self.priority as i64,
+        }
     }
 }
 

@@ -136,8 +136,7 @@ impl Acquire {
                         shared.slots(),
                         shared.now(),
                         shared.config().max_waiting,
-                        this.ticket.get_priority(),
-                        this.ticket.get_weight(),
+                        *this.ticket,
                     );
                     let node = match arrival {
                         Arrival::Parked(node) => node,

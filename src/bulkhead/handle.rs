@@ -182,6 +182,16 @@ impl Bulkhead {
         Acquire::new(self.shared.clone(), Ticket::new().priority(priority))
     }
 
+    /// [`acquire_with_priority`](Self::acquire_with_priority), going to
+    /// `place` in a line ordered by priority (the priority only names the
+    /// caller in the metrics): for an order the crate computes itself.
+    pub(crate) fn acquire_in_place(&self, priority: i32, place: i64) -> Acquire {
+        Acquire::new(
+            self.shared.clone(),
+            Ticket::new().priority(priority).place_in_line(place),
+        )
+    }
+
     /// Takes `weight` slots at once, or none, if nobody is waiting; never
     /// waits. One permit holds them all, and gives them all back when
     /// dropped. A weight of 0 or over the limit is refused with

@@ -63,6 +63,9 @@ impl<K> KeyedConfig<K> {
     /// across keys (its `queue_order` is set to
     /// [`PriorityFifo`](crate::QueueOrder::PriorityFifo) for that).
     ///
+    /// In the ceiling's metrics, its callers waiting are counted by
+    /// priority as `-1` (a key below its share) and `0` (in turn).
+    ///
     /// A caller holds its key's slot while it waits for the ceiling's, so
     /// the ceiling's `wait` (with a cluster ceiling, plus its `timeout`)
     /// must be shorter than the per-key `reclaim_after`; construction
@@ -478,7 +481,9 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             });
         };
         let mut waiting = WaitingForCeiling::enter(&held.line, &held.bulkhead, &self.inner.turns);
-        let permit = ceiling.acquire_with_priority(waiting.turn.priority).await?;
+        let permit = ceiling
+            .acquire_in_place(waiting.turn.priority, waiting.turn.place)
+            .await?;
         waiting.served = true;
         drop(waiting);
         Ok(KeyedPermit {

@@ -15,11 +15,11 @@
 //! own callers in line would not do: a key that keeps one caller waiting
 //! would always go before another key's later callers, and starve them.)
 //!
-//! The ceiling's line takes `i32` priorities: a tag is given as its
-//! distance from a base, moved up to the virtual time whenever nobody is in
-//! line, so it grows only while the line is never empty (by 64 a turn: a
-//! backlog of more than 30 million turns without a break saturates it, and
-//! the callers past that are served first come, first served).
+//! A caller's place in the ceiling's line is its tag, 64 bits (at 64 units
+//! a turn, more turns than any line will see), or the head of the line for
+//! a key below its guaranteed share. Its priority, which names it in the
+//! ceiling's metrics, says which of the two it is: -1 below its share, 0 in
+//! turn.
 
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 
@@ -53,17 +53,17 @@ pub(crate) struct Turns {
 struct State {
     /// The tag of the last caller served (the virtual time).
     served: u64,
-    /// What a priority is measured from.
-    base: u64,
-    /// Callers holding a priority: in the ceiling's line, or about to be.
-    in_line: usize,
 }
 
-/// A caller's place in turn: its priority in the ceiling's line, and its
+/// A caller's place in turn: where it goes in the ceiling's line, and its
 /// tag.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Turn {
+    /// -1 for a key below its share, 0 in turn: its priority in the
+    /// ceiling's metrics.
     pub(crate) priority: i32,
+    /// Its place in the ceiling's line, lowest first.
+    pub(crate) place: i64,
     tag: u64,
     cost: u64,
 }
@@ -73,12 +73,7 @@ impl Turns {
     /// `first` puts it ahead of every turn by tag (a key below its
     /// guaranteed share).
     pub(crate) fn enter(&self, key: &KeyTurn, weight: u64, first: bool) -> Turn {
-        let mut state = lock(&self.state);
-        if state.in_line == 0 {
-            // Nobody holds a priority measured from the old base.
-            state.base = state.served;
-        }
-        state.in_line += 1;
+        let state = lock(&self.state);
         // Relaxed: written only under the lock.
         let tag = key.next_tag.load(Ordering::Relaxed).max(state.served);
         let owed = COST + key.carry.load(Ordering::Relaxed);
@@ -86,13 +81,14 @@ impl Turns {
         key.next_tag
             .store(tag.saturating_add(cost), Ordering::Relaxed);
         key.carry.store(owed % weight, Ordering::Relaxed);
-        let priority = if first {
-            i32::MIN
+        let (priority, place) = if first {
+            (-1, i64::MIN)
         } else {
-            i32::try_from(tag - state.base).unwrap_or(i32::MAX)
+            (0, i64::try_from(tag).unwrap_or(i64::MAX))
         };
         Turn {
             priority,
+            place,
             tag,
             cost,
         }
@@ -102,7 +98,6 @@ impl Turns {
     /// or dropped), and then its cost is given back.
     pub(crate) fn leave(&self, key: &KeyTurn, turn: Turn, served: bool) {
         let mut state = lock(&self.state);
-        state.in_line -= 1;
         if served {
             state.served = state.served.max(turn.tag);
         } else {
@@ -118,7 +113,7 @@ impl Turns {
 mod tests {
     use super::*;
 
-    /// Serves the lowest priority of the callers in line, `rounds` times,
+    /// Serves the lowest place of the callers in line, `rounds` times,
     /// each key keeping `backlog` callers in line.
     fn serve(weights: &[u64], backlog: usize, rounds: usize) -> Vec<usize> {
         let turns = Turns::default();
@@ -135,7 +130,7 @@ mod tests {
         let mut served = Vec::new();
         for _ in 0..rounds {
             let next = (0..line.len())
-                .min_by_key(|&at| (line[at].1.priority, at))
+                .min_by_key(|&at| (line[at].1.place, at))
                 .unwrap();
             let (key, turn) = line.remove(next);
             turns.leave(&keys[key], turn, true);
@@ -183,8 +178,8 @@ mod tests {
         // Five of the busy key's callers served: a new key goes next, not
         // after the busy key's whole backlog, nor ahead of the one served.
         let newcomer = turns.enter(&late, 1, false);
-        assert!(newcomer.priority < backlog[5].priority);
-        assert!(newcomer.priority >= backlog[4].priority);
+        assert!(newcomer.place < backlog[5].place);
+        assert!(newcomer.place >= backlog[4].place);
     }
 
     #[test]
@@ -199,9 +194,27 @@ mod tests {
         }
         let others: Vec<Turn> = (0..6).map(|_| turns.enter(&other, 1, false)).collect();
         let back = turns.enter(&gave_up, 1, false);
-        assert!(
-            back.priority <= others[0].priority,
-            "{back:?} behind {others:?}"
+        assert!(back.place <= others[0].place, "{back:?} behind {others:?}");
+    }
+
+    #[test]
+    fn turns_keep_their_order_past_any_32_bit_count() {
+        let turns = Turns::default();
+        let (busy, late) = (KeyTurn::default(), KeyTurn::default());
+        // A line never empty for 2^40 units: 17 billion turns of a busy key.
+        let far = 1u64 << 40;
+        busy.next_tag.store(far, Ordering::Relaxed);
+        let first = turns.enter(&busy, 1, false);
+        turns.leave(&busy, first, true);
+        let (busy_next, newcomer) = (turns.enter(&busy, 1, false), turns.enter(&late, 1, false));
+        assert_eq!(
+            newcomer.place, far as i64,
+            "a new key starts at the virtual time"
         );
+        assert!(newcomer.place < busy_next.place);
+        assert!(first.place < newcomer.place || first.place == newcomer.place);
+        let below_share = turns.enter(&late, 1, true);
+        assert!(below_share.place < first.place);
+        assert_eq!((below_share.priority, newcomer.priority), (-1, 0));
     }
 }

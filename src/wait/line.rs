@@ -1,6 +1,7 @@
 //! The line of parked callers, in the order a [`QueueOrder`] gives them
 //! their slots.
 
+use crate::ticket::Ticket;
 use crate::wait::order::{Comparator, QueueOrder, WaitingCall};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -42,7 +43,16 @@ impl<T> Line<T> {
 
     /// Puts `entry` in the line; returns where, to [`remove`](Self::remove)
     /// it if it leaves before it is served.
+    #[cfg(all(test, not(tower_inflight_loom)))]
     pub(crate) fn push(&mut self, priority: i32, weight: usize, entry: T) -> Place {
+        self.push_ticket(Ticket::new().priority(priority).weight(weight), entry)
+    }
+
+    /// Puts `entry` in the line where `ticket` goes (its place in line,
+    /// under an order by priority); returns where, to
+    /// [`remove`](Self::remove) it if it leaves before it is served.
+    pub(crate) fn push_ticket(&mut self, ticket: Ticket, entry: T) -> Place {
+        let (priority, weight) = (ticket.get_priority(), ticket.get_weight());
         let seq = self.next_seq;
         self.next_seq += 1;
         let call = WaitingCall {
@@ -55,8 +65,8 @@ impl<T> Line<T> {
         let key = match self.order {
             QueueOrder::Fifo | QueueOrder::AdaptiveLifo { .. } => (0, seq),
             QueueOrder::Lifo => (0, newest_first),
-            QueueOrder::PriorityFifo => (i64::from(priority), seq),
-            QueueOrder::PriorityLifo => (i64::from(priority), newest_first),
+            QueueOrder::PriorityFifo => (ticket.get_place_in_line(), seq),
+            QueueOrder::PriorityLifo => (ticket.get_place_in_line(), newest_first),
             QueueOrder::Custom(_) => {
                 self.compared.insert(seq, (call, entry));
                 return Place::Compared(seq);

@@ -19,6 +19,7 @@ use crate::bulkhead::Clock;
 use crate::error::ShedReason;
 use crate::slots::{Claim, SlotTable};
 use crate::sync::{fence, lock, loom_seqcst_fence, Arc, AtomicU64, Mutex, Ordering};
+use crate::ticket::Ticket;
 use crate::wait::{Line, Place, QueueOrder};
 use std::task::{Context, Poll, Waker};
 
@@ -324,9 +325,9 @@ impl Waiters {
         slots: &SlotTable,
         now: u64,
         max_parked: Option<usize>,
-        priority: i32,
-        weight: usize,
+        ticket: Ticket,
     ) -> Arrival {
+        let (priority, weight) = (ticket.get_priority(), ticket.get_weight());
         let mut woken = WakeList::default();
         let mut queue = lock(&self.queue);
         if self.is_closed() {
@@ -348,7 +349,7 @@ impl Waiters {
             priority,
             place: Mutex::new(None),
         });
-        let place = queue.push(priority, weight, node.clone());
+        let place = queue.push_ticket(ticket, node.clone());
         *lock(&node.place) = Some(place);
         // `SeqCst`: the arrival's side of the store-buffering pattern with a
         // releaser (see `after_release`): counted in, then the slots read.
@@ -513,7 +514,12 @@ mod tests {
             let mut waiting = VecDeque::new();
             for round in 0..1_000 {
                 let priority = round % 3;
-                waiting.push_back(parked(waiters.arrive(&slots, 1, None, priority, 1)));
+                waiting.push_back(parked(waiters.arrive(
+                    &slots,
+                    1,
+                    None,
+                    Ticket::new().priority(priority),
+                )));
                 if waiting.len() > 10 {
                     let quitter = waiting.remove(waiting.len() / 2).unwrap();
                     assert!(matches!(
@@ -548,7 +554,7 @@ mod tests {
     }
 
     fn park_with_checker(waiters: &Arc<Waiters>, slots: &SlotTable) -> Arc<CheckUnlocked> {
-        let node = parked(waiters.arrive(slots, 1, None, 0, 1));
+        let node = parked(waiters.arrive(slots, 1, None, Ticket::new()));
         let checker = Arc::new(CheckUnlocked {
             waiters: waiters.clone(),
             unlocked: AtomicBool::new(false),
