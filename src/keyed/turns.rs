@@ -212,7 +212,7 @@ mod tests {
             "a new key starts at the virtual time"
         );
         assert!(newcomer.place < busy_next.place);
-        assert!(first.place < newcomer.place || first.place == newcomer.place);
+        assert!(first.place <= newcomer.place);
         let below_share = turns.enter(&late, 1, true);
         assert!(below_share.place < first.place);
         assert_eq!((below_share.priority, newcomer.priority), (-1, 0));
