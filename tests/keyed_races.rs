@@ -249,3 +249,147 @@ fn an_event_hook_that_reads_the_keyed_bulkhead_does_not_deadlock() {
         "a request whose per-key hook reads the keyed bulkhead never returned"
     );
 }
+
+// ---------------------------------------------------------------------------
+// Keys of one hash share the place of a key being made (places are kept by
+// hash); a place taken for a key made meanwhile is pushed back. Neither
+// lets more than `max_keys` keys in, nor leaks a place.
+// ---------------------------------------------------------------------------
+
+mod collisions {
+    use super::*;
+    use std::collections::HashMap;
+    use std::hash::{Hash, Hasher};
+    use std::sync::mpsc;
+    use std::sync::Arc;
+    use std::sync::Mutex;
+    use tower_inflight::keyed::KeyedPermit;
+
+    /// Every key of one hash.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    struct Colliding(u32);
+
+    impl Hash for Colliding {
+        fn hash<H: Hasher>(&self, state: &mut H) {
+            state.write_u64(7);
+        }
+    }
+
+    /// A limit function whose first call for each key in `gated` says it
+    /// was entered and waits to be let go.
+    struct Gates {
+        entered: Mutex<mpsc::Sender<u32>>,
+        go: HashMap<u32, Mutex<mpsc::Receiver<()>>>,
+        first: Mutex<std::collections::HashSet<u32>>,
+    }
+
+    fn gates(
+        gated: &[u32],
+    ) -> (
+        Arc<Gates>,
+        mpsc::Receiver<u32>,
+        HashMap<u32, mpsc::Sender<()>>,
+    ) {
+        let (entered_tx, entered_rx) = mpsc::channel();
+        let mut go = HashMap::new();
+        let mut open = HashMap::new();
+        for &key in gated {
+            let (tx, rx) = mpsc::channel();
+            go.insert(key, Mutex::new(rx));
+            open.insert(key, tx);
+        }
+        let gates = Gates {
+            entered: Mutex::new(entered_tx),
+            go,
+            first: Mutex::new(gated.iter().copied().collect()),
+        };
+        (Arc::new(gates), entered_rx, open)
+    }
+
+    const PATIENCE: Duration = Duration::from_secs(30);
+
+    fn keyed_over(gates: &Arc<Gates>, max_keys: usize) -> KeyedBulkhead<Colliding> {
+        let gates = gates.clone();
+        KeyedBulkhead::new(
+            KeyedConfig::new(Config::new(1, LONG))
+                .limit_per_key(move |key: &Colliding| {
+                    if gates.first.lock().unwrap().remove(&key.0) {
+                        gates.entered.lock().unwrap().send(key.0).unwrap();
+                        let _ = gates.go[&key.0].lock().unwrap().recv_timeout(PATIENCE);
+                    }
+                    1
+                })
+                .max_keys(max_keys),
+        )
+    }
+
+    fn call(
+        keyed: &KeyedBulkhead<Colliding>,
+        key: u32,
+    ) -> std::thread::JoinHandle<Result<KeyedPermit, ShedReason>> {
+        let keyed = keyed.clone();
+        std::thread::spawn(move || keyed.try_acquire(&Colliding(key)).map_err(|s| s.reason()))
+    }
+
+    /// Key 2 comes while key 1, of its hash, is being made under a cap of
+    /// one: it takes no place, then takes key 1's; key 1 back finds no room.
+    #[test]
+    fn a_key_of_a_hash_being_made_cannot_take_a_key_past_max_keys() {
+        let (gates, entered, open) = gates(&[1]);
+        let keyed = keyed_over(&gates, 1);
+        let one = call(&keyed, 1);
+        assert_eq!(entered.recv_timeout(PATIENCE), Ok(1));
+        let two = keyed
+            .try_acquire(&Colliding(2))
+            .expect("key 2 takes key 1's place");
+        open[&1].send(()).unwrap();
+        let one = one.join().unwrap();
+        assert_eq!(one.map(drop), Err(ShedReason::TooManyKeys));
+        assert_eq!(keyed.keys(), 1);
+        drop(two);
+        // No place left held: a new key fits.
+        let three = keyed.try_acquire(&Colliding(3));
+        assert!(three.is_ok(), "{:?}", three.map(drop));
+        assert_eq!(keyed.keys(), 1);
+    }
+
+    /// A maker back after its key was made (by a second caller that took its
+    /// place) takes the place of another key of its hash being made, and
+    /// pushes it back: the cap holds meanwhile, and the other key goes in.
+    #[test]
+    fn a_place_pushed_back_keeps_the_cap_and_is_not_leaked() {
+        let (gates, entered, open) = gates(&[1, 2]);
+        let keyed = keyed_over(&gates, 2);
+        let maker = call(&keyed, 1);
+        assert_eq!(entered.recv_timeout(PATIENCE), Ok(1));
+        // A second caller of key 1 makes it, taking the maker's place.
+        let held_one = call(&keyed, 1)
+            .join()
+            .unwrap()
+            .expect("key 1's second caller");
+        assert_eq!(keyed.keys(), 1);
+        // Key 2, of the same hash, takes a place while it is made.
+        let other = call(&keyed, 2);
+        assert_eq!(entered.recv_timeout(PATIENCE), Ok(2));
+        open[&1].send(()).unwrap();
+        // Key 1 is made and full: its maker is refused for its limit.
+        assert_eq!(
+            maker.join().unwrap().map(drop),
+            Err(ShedReason::LimitReached)
+        );
+        // One key held, one being made: a third key of the same hash shares
+        // the place of the one being made (by design), and goes in.
+        let three = keyed.try_acquire(&Colliding(3)).map_err(|s| s.reason());
+        assert!(keyed.keys() <= 2, "{} keys held", keyed.keys());
+        drop(three);
+        open[&2].send(()).unwrap();
+        // Key 2, back with no place, finds room by evicting the idle key 3.
+        let held_two = other.join().unwrap().expect("key 2 goes in");
+        assert_eq!(keyed.keys(), 2);
+        drop((held_one, held_two));
+        // No place left held: with both keys idle, a new key fits.
+        let four = keyed.try_acquire(&Colliding(4));
+        assert!(four.is_ok(), "{:?}", four.map(drop));
+        assert!(keyed.keys() <= 2);
+    }
+}

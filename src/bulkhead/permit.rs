@@ -87,6 +87,11 @@ impl Permit {
         Self::with_share(shared, claim, Share::NONE)
     }
 
+    /// The tick at which the slot was taken, on its bulkhead's clock.
+    pub(crate) fn claimed_at(&self) -> u64 {
+        self.shared.slots.claimed_at(&self.claim)
+    }
+
     /// A permit for `claim` and the bytes of `share`, recorded on its slot
     /// already.
     #[inline(always)]
@@ -192,53 +197,57 @@ impl Granted {
         }
     }
 
-    /// The tick at which its slots were taken, on its bulkhead's clock.
-    pub(crate) fn claimed_at(&self) -> u64 {
-        let claim = self
-            .claim
-            .as_ref()
-            .expect("a grant holds its claim until made a permit");
-        self.shared.slots.claimed_at(claim)
-    }
-
     /// The grant, holding `lease` beside its slots.
     pub(crate) fn with_lease(mut self, lease: HeldLease) -> Self {
         self.lease = lease;
         self
     }
 
-    /// The permit, with `bytes` of the budget beside its slots, or the
-    /// slots given back and the call shed if the bytes do not fit.
-    ///
-    /// A grant kept past `reclaim_after` (a service ready with a handed slot,
-    /// called much later) may have lost its slot to a reclaim: then it is
-    /// given back, and the call takes a free slot if there is one, as if it
-    /// had not waited.
-    pub(crate) fn into_permit(mut self, bytes: u64) -> Result<Permit, ServiceSaturated> {
-        let Some(claim) = self.claim.take() else {
-            unreachable!("a grant is made a permit once")
+    /// Makes sure the grant still holds what it was granted, counting
+    /// nothing: kept past its lease (a service polled ready, called much
+    /// later), another replica may hold the lease, so both go back and the
+    /// call is shed; kept past `reclaim_after` (a caller that took up its
+    /// handed slot late), its slots may have been reclaimed, so they go
+    /// back and the grant claims its weight afresh, as if it had not
+    /// waited (keeping its lease, if it has one).
+    pub(crate) fn renew(&mut self) -> Result<(), ServiceSaturated> {
+        let Some(claim) = self.claim else {
+            unreachable!("a grant holds its claim until made a permit")
         };
         let shared = &self.shared;
         let now = shared.now();
         if lapsed(&self.lease) {
-            // Kept past its lease (a service polled ready, called much
-            // later): another replica may hold it now. Both go back.
+            self.claim = None;
             shared.give_back_unused(&claim);
             return Err(shared.saturated_at(ShedReason::ClusterLimit, now));
         }
-        let permit = if shared.slots().holds(&claim, now) {
-            Shared::permit(shared, claim, bytes)
-        } else {
-            // Its deadline passed before it was used, and its slots may have
-            // been reclaimed: given back, and the call claims its weight
-            // afresh (keeping its lease, if it has one).
+        if !shared.slots().holds(&claim, now) {
+            self.claim = None;
             shared.give_back_unused(&claim);
-            let claim = shared
+            let fresh = shared
                 .try_claim_weighted(claim.weight(), now)
                 .map_err(|reason| shared.saturated_at(reason, now))?;
-            Shared::permit(shared, claim, bytes)
+            self.claim = Some(fresh);
+        }
+        Ok(())
+    }
+
+    /// The permit, with `bytes` of the budget beside its slots, once the
+    /// grant is [renewed](Self::renew); or the slots given back and the
+    /// call shed if it cannot be, or if the bytes do not fit.
+    pub(crate) fn into_permit(mut self, bytes: u64) -> Result<Permit, ServiceSaturated> {
+        self.renew()?;
+        self.into_renewed_permit(bytes)
+    }
+
+    /// The permit of a grant just [renewed](Self::renew), counted as
+    /// admitted now, with `bytes` of the budget beside its slots (or the
+    /// slots given back and the call shed if the bytes do not fit).
+    pub(crate) fn into_renewed_permit(mut self, bytes: u64) -> Result<Permit, ServiceSaturated> {
+        let Some(claim) = self.claim.take() else {
+            unreachable!("a grant is made a permit once")
         };
-        permit.map(|mut permit| {
+        Shared::permit(&self.shared, claim, bytes).map(|mut permit| {
             permit.lease = std::mem::take(&mut self.lease);
             permit
         })

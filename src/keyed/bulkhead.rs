@@ -1,7 +1,7 @@
 //! The keyed bulkhead: a bulkhead per key, and an optional ceiling for all
 //! keys together.
 
-use crate::bulkhead::{Bulkhead, Granted, Permit};
+use crate::bulkhead::{Acquire, Bulkhead, Granted, Permit};
 use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::keyed::keys::{KeyLine, Keys, LabelOf, LimitOf};
@@ -439,6 +439,12 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
     /// its guaranteed share when its caller comes to the line goes before
     /// all. So a key with a thousand callers waiting and a key with one are
     /// served alternately.
+    ///
+    /// Each bulkhead records its own part: the key's wait for its slot ends
+    /// admitted (its `Waited` event) once the key grants it, and the call is
+    /// counted admitted by both once both slots are held; a call the ceiling
+    /// then sheds is recorded as shed by the ceiling alone, and its key's
+    /// slot goes back uncounted.
     pub async fn acquire(&self, key: &K) -> Result<KeyedPermit, ServiceSaturated> {
         self.acquire_after(key, None).await
     }
@@ -450,7 +456,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         key: &K,
         held: Option<HeldKey>,
     ) -> Result<KeyedPermit, ServiceSaturated> {
-        let held = match held {
+        let mut held = match held {
             Some(held) => held,
             None => {
                 // The line's `Arc` keeps the key from eviction until its
@@ -462,11 +468,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
                     .ok_or_else(|| self.too_many_keys())?;
                 // Granted, not yet admitted: the key counts the call once
                 // the ceiling's slot is held too.
-                let granted = {
-                    let mut acquire = std::pin::pin!(bulkhead.acquire());
-                    std::future::poll_fn(|cx| acquire.as_mut().poll_granted(cx)).await?
-                };
-                line.taken_at(granted.claimed_at());
+                let granted = granted(bulkhead.acquire()).await?;
                 HeldKey {
                     granted,
                     bulkhead,
@@ -475,20 +477,25 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             }
         };
         let Some(ceiling) = &self.inner.ceiling else {
+            held.granted.renew()?;
             return Ok(KeyedPermit {
-                key: held.granted.into_permit(0)?,
+                key: held.admit()?,
                 ceiling: None,
             });
         };
         let mut waiting = WaitingForCeiling::enter(&held.line, &held.bulkhead, &self.inner.turns);
-        let permit = ceiling
-            .acquire_in_place(waiting.turn.priority, waiting.turn.place)
-            .await?;
+        let mut ceiling =
+            granted(ceiling.acquire_in_place(waiting.turn.priority, waiting.turn.place)).await?;
         waiting.served = true;
         drop(waiting);
+        // Both still hold their slots, or neither is counted: a slot taken
+        // up late (a busy runtime) may have been reclaimed meanwhile, and
+        // its call then claims a fresh one, or is shed by that bulkhead.
+        held.granted.renew()?;
+        ceiling.renew()?;
         Ok(KeyedPermit {
-            key: held.granted.into_permit(0)?,
-            ceiling: Some(permit),
+            key: held.admit()?,
+            ceiling: Some(ceiling.into_renewed_permit(0)?),
         })
     }
 
@@ -636,6 +643,23 @@ pub(crate) struct HeldKey {
     granted: Granted,
     bulkhead: Bulkhead,
     line: Arc<KeyLine>,
+}
+
+impl HeldKey {
+    /// The key's permit, counted as admitted, once its grant is renewed;
+    /// noted as taken (its slot may be a fresh one) before the line's `Arc`,
+    /// which kept the key from eviction, goes.
+    fn admit(self) -> Result<Permit, ServiceSaturated> {
+        let permit = self.granted.into_renewed_permit(0)?;
+        self.line.taken_at(permit.claimed_at());
+        Ok(permit)
+    }
+}
+
+/// The slots `acquire` waits for, granted but not yet made a permit.
+async fn granted(acquire: Acquire) -> Result<Granted, ServiceSaturated> {
+    let mut acquire = std::pin::pin!(acquire);
+    std::future::poll_fn(|cx| acquire.as_mut().poll_granted(cx)).await
 }
 
 /// A caller of a key in the ceiling's line, with its turn there: counted

@@ -51,25 +51,28 @@ fn loom_a_slot_taken_by_a_waiting_caller_keeps_its_key() {
             .expect("room for the first key");
         let waiter = thread::spawn(move || {
             // As a caller granted the key's slot after waiting for it: the
-            // grant noted, kept (for the ceiling's wait) after the line's
-            // `Arc` goes.
+            // grant made a permit, noted, and kept after the line's `Arc`
+            // goes.
             let claim = bulkhead.try_claim().expect("the key's slot is free");
-            let granted = bulkhead.grant(claim);
-            line.taken_at(granted.claimed_at());
+            let permit = bulkhead
+                .grant(claim)
+                .into_permit(0)
+                .expect("the grant holds its slot");
+            line.taken_at(permit.claimed_at());
             drop((line, bulkhead));
-            granted
+            permit
         });
         let newcomer = {
             let keys = keys.clone();
             thread::spawn(move || keys.find(&2, |_| ()).is_some())
         };
-        let granted = waiter.join().unwrap();
+        let permit = waiter.join().unwrap();
         assert!(
             !newcomer.join().unwrap(),
             "a new key evicted a key whose slot is held"
         );
         assert_eq!(keys.len(), 1);
-        drop(granted);
+        drop(permit);
     });
 }
 
