@@ -69,7 +69,10 @@ impl<K> KeyedConfig<K> {
     /// A caller holds its key's slot while it waits for the ceiling's, so
     /// the ceiling's `wait` (with a cluster ceiling, plus its `timeout`)
     /// must be shorter than the per-key `reclaim_after`; construction
-    /// refuses it otherwise, naming `ceiling.wait`.
+    /// refuses it otherwise, naming `ceiling.wait`. A key's slot is dated
+    /// from when it was taken, so that wait comes out of its
+    /// `reclaim_after`: set that above the ceiling's wait plus your longest
+    /// call.
     pub fn ceiling(mut self, ceiling: Config) -> Self {
         self.ceiling = Some(ceiling);
         self
@@ -549,7 +552,10 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             })
     }
 
-    /// The ceiling for all keys together, if there is one.
+    /// The ceiling for all keys together, if there is one. A caller that
+    /// acquires it directly, not through a key, goes to its line by its own
+    /// priority: behind the keys below their share, ahead of every key
+    /// taking turns.
     pub fn ceiling(&self) -> Option<&Bulkhead> {
         self.inner.ceiling.as_ref()
     }
