@@ -63,6 +63,29 @@ fn counting(counts: &Arc<Counts>) -> impl Fn(&Event) + Send + Sync + 'static {
     }
 }
 
+/// Keys of 2 slots (400 ms to wait for one) under a ceiling of `ceiling_limit`
+/// (500 ms), at most 3 keys, on `clock`; each side's events counted.
+fn counted(
+    clock: &ManualClock,
+    per_key: &Arc<Counts>,
+    ceiling: &Arc<Counts>,
+    ceiling_limit: usize,
+) -> KeyedConfig<u32> {
+    KeyedConfig::new(
+        Config::new(2, RECLAIM)
+            .wait(Duration::from_millis(400))
+            .clock(clock.clone())
+            .on_event(counting(per_key)),
+    )
+    .ceiling(
+        Config::new(ceiling_limit, RECLAIM)
+            .wait(CEILING_WAIT)
+            .clock(clock.clone())
+            .on_event(counting(ceiling)),
+    )
+    .max_keys(3)
+}
+
 fn key_in_flight(keyed: &KeyedBulkhead<u32>) -> usize {
     keyed
         .status(64)
@@ -84,20 +107,8 @@ async fn late_polls_and_reclaims_keep_keys_and_ceiling_counting_alike() {
         let clock = ManualClock::new();
         let (per_key, ceiling) = (Arc::new(Counts::default()), Arc::new(Counts::default()));
         let keyed: KeyedBulkhead<u32> = KeyedBulkhead::new(
-            KeyedConfig::new(
-                Config::new(2, RECLAIM)
-                    .wait(Duration::from_millis(400))
-                    .clock(clock.clone())
-                    .on_event(counting(&per_key)),
-            )
-            .ceiling(
-                Config::new(3, RECLAIM)
-                    .wait(CEILING_WAIT)
-                    .clock(clock.clone())
-                    .on_event(counting(&ceiling)),
-            )
-            .guarantee_per_key(|key: &u32| usize::from(*key == 0))
-            .max_keys(3),
+            counted(&clock, &per_key, &ceiling, 3)
+                .guarantee_per_key(|key: &u32| usize::from(*key == 0)),
         );
         let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         // Each with its key and the clock (ms) when it was made: its slots
@@ -429,19 +440,7 @@ mod layer {
             let clock = ManualClock::new();
             let (per_key, ceiling) = (Arc::new(Counts::default()), Arc::new(Counts::default()));
             let layer = KeyedConcurrencyLayer::new(
-                KeyedConfig::new(
-                    Config::new(2, RECLAIM)
-                        .wait(Duration::from_millis(400))
-                        .clock(clock.clone())
-                        .on_event(counting(&per_key)),
-                )
-                .ceiling(
-                    Config::new(2, RECLAIM)
-                        .wait(CEILING_WAIT)
-                        .clock(clock.clone())
-                        .on_event(counting(&ceiling)),
-                )
-                .max_keys(3),
+                counted(&clock, &per_key, &ceiling, 2),
                 |request: &Request| request.0,
             );
             let keyed = layer.bulkhead();

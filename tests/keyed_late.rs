@@ -20,6 +20,21 @@ async fn settle() {
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
+/// Key a, whose one call is in flight on a slot taken just now, must not be
+/// evicted for a new key b (a cap of one key): b is refused.
+fn assert_a_stays_while_b_is_refused(keyed: &KeyedBulkhead<&'static str>) {
+    let b = keyed.try_acquire(&"b");
+    let evicted = keyed.status(0).evicted;
+    assert!(
+        b.as_ref()
+            .is_err_and(|shed| shed.reason() == ShedReason::TooManyKeys)
+            && evicted == 0,
+        "key a, whose call is in flight on a slot taken just now, was evicted for key b \
+         (b: {:?}, evicted {evicted})",
+        b.as_ref().map(drop).map_err(|shed| shed.reason()),
+    );
+}
+
 // ---------------------------------------------------------------------------
 // A slot whose deadline passed before its caller took it up: the permit
 // is made on a fresh slot, which is what the key notes, so the sweep never
@@ -56,17 +71,7 @@ async fn a_permit_made_on_a_fresh_slot_after_its_grant_lapsed_keeps_its_key() {
     );
     // a's one call is in flight, its slot taken just now (deadline 1 s
     // ahead): its key must not be evicted for a new key.
-    let b = keyed.try_acquire(&"b");
-    let evicted = keyed.status(0).evicted;
-    assert!(
-        b.as_ref()
-            .is_err_and(|shed| shed.reason() == ShedReason::TooManyKeys)
-            && evicted == 0,
-        "key a, whose one call is in flight on a slot taken just now, was evicted for key b \
-         (b: {:?}, evicted {evicted})",
-        b.as_ref().map(drop).map_err(|shed| shed.reason()),
-    );
-    drop(b);
+    assert_a_stays_while_b_is_refused(&keyed);
     // Key a's limit is 1, and its one call is still in flight.
     let second = keyed.try_acquire(&"a");
     assert!(
@@ -102,17 +107,7 @@ async fn a_slot_handed_over_and_taken_up_late_keeps_its_key_without_a_ceiling() 
     drop(first);
     clock.advance(RECLAIM * 2);
     let a = waiter.await.unwrap().expect("a's waiter is admitted");
-    let b = keyed.try_acquire(&"b");
-    let evicted = keyed.status(0).evicted;
-    assert!(
-        b.as_ref()
-            .is_err_and(|shed| shed.reason() == ShedReason::TooManyKeys)
-            && evicted == 0,
-        "key a, whose call is in flight on a slot taken just now, was evicted for key b \
-         (b: {:?}, evicted {evicted})",
-        b.as_ref().map(drop).map_err(|shed| shed.reason()),
-    );
-    drop(b);
+    assert_a_stays_while_b_is_refused(&keyed);
     assert!(
         keyed.try_acquire(&"a").is_err(),
         "a second call of key a (limit 1) was admitted while its first is in flight"
@@ -141,17 +136,8 @@ async fn a_slot_handed_over_and_taken_up_late_keeps_its_key_on_the_system_clock(
     // A busy executor: the woken waiter is polled 300 ms later.
     std::thread::sleep(Duration::from_millis(300));
     let a = waiter.await.unwrap().expect("a's waiter is admitted");
-    let b = keyed.try_acquire(&"b");
-    let evicted = keyed.status(0).evicted;
-    assert!(
-        b.as_ref()
-            .is_err_and(|shed| shed.reason() == ShedReason::TooManyKeys)
-            && evicted == 0,
-        "key a, whose call is in flight on a slot taken just now, was evicted for key b \
-         (b: {:?}, evicted {evicted})",
-        b.as_ref().map(drop).map_err(|shed| shed.reason()),
-    );
-    drop((a, b));
+    assert_a_stays_while_b_is_refused(&keyed);
+    drop(a);
 }
 
 // ---------------------------------------------------------------------------
@@ -371,17 +357,7 @@ mod layer {
         let call = tokio::spawn(response);
         settle().await;
         assert_eq!(ceiling.in_flight(), 1, "a's call is in flight");
-        let b = keyed.try_acquire(&"b");
-        let evicted = keyed.status(0).evicted;
-        assert!(
-            b.as_ref()
-                .is_err_and(|shed| shed.reason() == ShedReason::TooManyKeys)
-                && evicted == 0,
-            "key a, whose call is in flight on a slot taken just now, was evicted for key b \
-             (b: {:?}, evicted {evicted})",
-            b.as_ref().map(drop).map_err(|shed| shed.reason()),
-        );
-        drop(b);
+        assert_a_stays_while_b_is_refused(&keyed);
         release.notify_waiters();
         call.await.unwrap().unwrap();
     }
