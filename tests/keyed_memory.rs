@@ -1,6 +1,8 @@
 //! A flood of distinct keys through the keyed layer: memory stays bounded,
 //! nothing held is evicted, and a new key is shed with the right reason
-//! when every key held is busy. Measured with a counting allocator.
+//! when every key held is busy. And keys called for a day: their memory
+//! does not grow with time. Measured with a counting allocator (one test at
+//! a time: the count is the whole process's).
 
 // A counting global allocator is an `unsafe impl`; the library itself
 // forbids `unsafe`.
@@ -10,8 +12,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower_inflight::keyed::KeyedBulkhead;
 use tower_inflight::keyed::{KeyedConcurrencyLayer, KeyedConfig};
-use tower_inflight::{BoxError, Config, ServiceSaturated, ShedReason};
+use tower_inflight::{BoxError, Config, ManualClock, ServiceSaturated, ShedReason};
 
 /// Counts the bytes allocated and not yet freed.
 struct Counting;
@@ -38,8 +41,12 @@ static ALLOCATOR: Counting = Counting;
 const KEYS: u64 = 1_000_000;
 const MAX_KEYS: usize = 1_000;
 
+/// Taken by each test: the allocator counts the whole process.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "current_thread")]
 async fn a_million_distinct_keys_keep_memory_bounded_and_evict_nothing_held() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let layer = KeyedConcurrencyLayer::new(
         // Long enough that no held slot is reclaimed during the flood.
         KeyedConfig::new(Config::new(1, Duration::from_secs(3_600))).max_keys(MAX_KEYS),
@@ -101,4 +108,34 @@ async fn a_million_distinct_keys_keep_memory_bounded_and_evict_nothing_held() {
     assert_eq!(shed.reason(), ShedReason::TooManyKeys);
     assert_eq!(keyed.keys(), MAX_KEYS);
     drop((held, busy));
+}
+
+/// A hundred keys, each called once a minute for a day (a manual clock):
+/// a key reports its totals alone, so it keeps no history of minutes, and
+/// its memory is what it was when it was made.
+#[test]
+fn keys_called_for_a_day_take_no_more_memory_than_new_ones() {
+    let _alone = ONE_AT_A_TIME.blocking_lock();
+    const MANY: u32 = 100;
+    let clock = ManualClock::new();
+    let keyed: KeyedBulkhead<u32> = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(4, Duration::from_secs(30)).clock(clock.clone()))
+            .max_keys(MANY as usize),
+    );
+    for key in 0..MANY {
+        drop(keyed.try_acquire(&key).unwrap());
+    }
+    let made = LIVE.load(Ordering::Relaxed);
+    for _minute in 0..24 * 60 + 60 {
+        clock.advance(Duration::from_secs(60));
+        for key in 0..MANY {
+            drop(keyed.try_acquire(&key).unwrap());
+        }
+    }
+    let after_a_day = LIVE.load(Ordering::Relaxed);
+    assert!(
+        after_a_day <= made + MANY as usize * 64,
+        "{MANY} keys grew from {made} to {after_a_day} bytes in a day"
+    );
+    assert_eq!(keyed.status(1).busiest.len(), 0);
 }

@@ -47,7 +47,11 @@ impl Shared {
                 "is over the longest hold a slot can date".into(),
             )
         })?;
-        let rollups = Rollups::new(clock.ticks_per_minute(), clock.now() - 1);
+        let rollups = if config.keep_history {
+            Rollups::new(clock.ticks_per_minute(), clock.now() - 1)
+        } else {
+            Rollups::without_history(clock.ticks_per_minute(), clock.now() - 1)
+        };
         let observer = Observer::new(
             config.name.as_deref(),
             config.limit,

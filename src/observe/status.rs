@@ -242,9 +242,22 @@ pub(crate) struct Rollups {
     /// The peak seen since the last entry.
     peak: AtomicUsize,
     history: Mutex<VecDeque<Entry>>,
+    /// Whether a minute's entry is ever added to `history`.
+    keeps_history: bool,
 }
 
 impl Rollups {
+    /// Rollups that keep no history: the windows stay at what they were
+    /// at `now`, and the fast path never finds the minute turned.
+    pub(crate) fn without_history(ticks_per_minute: u64, now: u64) -> Self {
+        let rollups = Self::new(ticks_per_minute, now);
+        rollups.next_minute.store(u64::MAX, Ordering::Relaxed);
+        Self {
+            keeps_history: false,
+            ..rollups
+        }
+    }
+
     pub(crate) fn new(ticks_per_minute: u64, now: u64) -> Self {
         let minute = now / ticks_per_minute;
         let first = Entry {
@@ -257,6 +270,7 @@ impl Rollups {
             next_minute: AtomicU64::new((minute + 1) * ticks_per_minute),
             peak: AtomicUsize::new(0),
             history: Mutex::new(VecDeque::from([first])),
+            keeps_history: true,
         }
     }
 
@@ -281,6 +295,9 @@ impl Rollups {
 
     /// Records the totals for the minute `now` is in, if not done already.
     pub(crate) fn turn(&self, now: u64, totals: Totals, in_flight: usize) {
+        if !self.keeps_history {
+            return;
+        }
         let minute = now / self.ticks_per_minute;
         let mut history = lock(&self.history);
         if history.back().is_some_and(|last| last.minute >= minute) {
