@@ -43,10 +43,6 @@ pub struct Config {
     pub(crate) codel: Option<CodelSettings>,
     #[cfg(feature = "redis")]
     pub(crate) cluster: Option<crate::redis::ClusterCeiling>,
-    /// Whether the status keeps a day's history of minutes for its windows
-    /// (about 150 bytes a minute): not for a keyed bulkhead's keys, which
-    /// report their totals alone, and may be many.
-    pub(crate) keep_history: bool,
 }
 
 impl Config {
@@ -75,7 +71,6 @@ impl Config {
             codel: None,
             #[cfg(feature = "redis")]
             cluster: None,
-            keep_history: true,
         }
     }
 

@@ -2,7 +2,7 @@
 //! (close, drain, reset).
 
 use crate::bulkhead::drain::RECHECK;
-use crate::bulkhead::{Acquire, BorrowedPermit, Granted, Permit, Shared};
+use crate::bulkhead::{Acquire, BorrowedPermit, Granted, History, Permit, Shared};
 use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::observe::Status;
@@ -60,7 +60,12 @@ impl Bulkhead {
 
     /// Builds a bulkhead, or says which field of the configuration is wrong.
     pub fn try_new(config: Config) -> Result<Self, ConfigError> {
-        let shared = Shared::new(config)?;
+        Self::try_new_keeping(config, History::Kept)
+    }
+
+    /// [`try_new`](Self::try_new), with or without a history of minutes.
+    pub(crate) fn try_new_keeping(config: Config, history: History) -> Result<Self, ConfigError> {
+        let shared = Shared::new(config, history)?;
         Ok(Self {
             shared: Arc::new(shared),
         })

@@ -13,6 +13,16 @@ use crate::sync::{Arc, Ordering};
 use crate::wait::{Codel, SaturationSignal, WaitEnd, Waiters};
 use std::time::Duration;
 
+/// Whether a bulkhead's status keeps a day's history of minutes for its
+/// windows (about 150 bytes a minute).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum History {
+    Kept,
+    /// For a keyed bulkhead's keys, which report their totals alone, and
+    /// may be many.
+    None,
+}
+
 // Aligned to a cache line so that the `Arc`'s reference counts, which every
 // owned permit writes, share no line with the slot table's pointer and the
 // other fields every claim reads.
@@ -33,7 +43,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     /// The state of a bulkhead built from `config`, or the field at fault.
-    pub(super) fn new(config: Config) -> Result<Self, ConfigError> {
+    pub(super) fn new(config: Config, history: History) -> Result<Self, ConfigError> {
         config.validate()?;
         let clock = match &config.clock {
             Some(manual) => Clock::Manual(manual.clone()),
@@ -47,10 +57,9 @@ impl Shared {
                 "is over the longest hold a slot can date".into(),
             )
         })?;
-        let rollups = if config.keep_history {
-            Rollups::new(clock.ticks_per_minute(), clock.now() - 1)
-        } else {
-            Rollups::without_history(clock.ticks_per_minute(), clock.now() - 1)
+        let rollups = match history {
+            History::Kept => Rollups::new(clock.ticks_per_minute(), clock.now() - 1),
+            History::None => Rollups::without_history(clock.ticks_per_minute(), clock.now() - 1),
         };
         let observer = Observer::new(
             config.name.as_deref(),

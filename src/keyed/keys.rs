@@ -2,7 +2,7 @@
 //! first call, and evicted once nothing holds it, so that no stream of
 //! distinct keys makes memory grow past `max_keys`.
 
-use crate::bulkhead::Bulkhead;
+use crate::bulkhead::{Bulkhead, History};
 use crate::config::Config;
 use crate::keyed::turns::{weight, KeyTurn};
 use crate::keyed::KeyStatus;
@@ -173,10 +173,6 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         label_of: Option<LabelOf<K>>,
         max_keys: usize,
     ) -> Self {
-        // A key reports its totals alone: a day's history of minutes would
-        // grow each busy key by about 270 KiB.
-        let mut template = template;
-        template.keep_history = false;
         Self {
             map: RwLock::new(Map {
                 entries: HashMap::new(),
@@ -336,8 +332,14 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         self.make(config)
     }
 
+    /// A key's bulkhead, keeping no history of minutes: a key reports its
+    /// totals alone, and the history would grow each busy key by about
+    /// 270 KiB a day.
     fn make(&self, config: Config) -> Bulkhead {
-        Bulkhead::try_new(config).unwrap_or_else(|_| Bulkhead::new(self.template.clone()))
+        Bulkhead::try_new_keeping(config, History::None).unwrap_or_else(|_| {
+            Bulkhead::try_new_keeping(self.template.clone(), History::None)
+                .expect("the template was validated when the keyed bulkhead was built")
+        })
     }
 
     /// `key`'s label, if the configuration names it one to report and no

@@ -16,8 +16,9 @@
 //! would always go before another key's later callers, and starve them.)
 //!
 //! A caller's place in the ceiling's line is its tag, 64 bits (at 64 units
-//! a turn, more turns than any line will see), or the head of the line for
-//! a key below its guaranteed share. Its priority, which names it in the
+//! a turn, more turns than any line will see), past every `i32` priority
+//! (so that a caller of the ceiling itself goes ahead of the turns), or the
+//! head of the line for a key below its guaranteed share. Its priority, which names it in the
 //! ceiling's metrics, says which of the two it is: -1 below its share, 0 in
 //! turn.
 
@@ -26,6 +27,10 @@ use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 /// What a call costs its key's turn at weight 1; at weight `w`, `COST / w`
 /// on average.
 const COST: u64 = 64;
+
+/// Where the places of callers taking turns begin in the ceiling's line:
+/// past every `i32` priority.
+const IN_TURN: i64 = 1 << 32;
 
 /// The heaviest weight: a call costs one unit.
 pub(crate) const MAX_WEIGHT: u64 = COST;
@@ -84,7 +89,10 @@ impl Turns {
         let (priority, place) = if first {
             (-1, i64::MIN)
         } else {
-            (0, i64::try_from(tag).unwrap_or(i64::MAX))
+            // Past every `i32` priority: a caller of the ceiling itself, in
+            // line by its own priority, goes ahead of the keys' turns.
+            let place = i64::try_from(tag).unwrap_or(i64::MAX);
+            (0, place.saturating_add(IN_TURN))
         };
         Turn {
             priority,
@@ -208,7 +216,8 @@ mod tests {
         turns.leave(&busy, first, true);
         let (busy_next, newcomer) = (turns.enter(&busy, 1, false), turns.enter(&late, 1, false));
         assert_eq!(
-            newcomer.place, far as i64,
+            newcomer.place,
+            far as i64 + IN_TURN,
             "a new key starts at the virtual time"
         );
         assert!(newcomer.place < busy_next.place);
