@@ -1,5 +1,6 @@
 //! What a key costs a call: `try_acquire` + drop on a keyed bulkhead (an
-//! existing key of 1,000, a `u64`), beside the same on a plain bulkhead,
+//! existing key of 1,000, a `u64`; and of 16, all in cache), beside the
+//! same on a plain bulkhead,
 //! beside a plain bulkhead plus a lookup in a `HashMap` of 1,000 keys (what
 //! "a hash lookup over the plain bulkhead" costs, for a set of keys fixed
 //! in advance), and beside a plain bulkhead plus a lookup in a `HashMap`
@@ -19,11 +20,11 @@ use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig};
 use tower_inflight::{Bulkhead, Config};
 
 const LIMIT: usize = 25;
-const KEYS: u64 = 1_000;
 const RECLAIM_AFTER: Duration = Duration::from_secs(30);
 
-fn try_acquire_drop(c: &mut Criterion) {
-    let mut group = c.benchmark_group("keyed_try_acquire_drop");
+/// Each call takes the next of `KEYS` keys in turn.
+fn try_acquire_drop<const KEYS: u64>(c: &mut Criterion, group: &str) {
+    let mut group = c.benchmark_group(group);
     let plain = Bulkhead::new(Config::new(LIMIT, RECLAIM_AFTER));
     let keyed = KeyedBulkhead::new(
         KeyedConfig::new(Config::new(LIMIT, RECLAIM_AFTER)).max_keys(KEYS as usize),
@@ -76,7 +77,8 @@ fn try_acquire_drop(c: &mut Criterion) {
 // `pub fn` trips the crate's `missing_docs` lint.
 fn benches() {
     let mut criterion = support::criterion(Duration::from_secs(2));
-    try_acquire_drop(&mut criterion);
+    try_acquire_drop::<1_000>(&mut criterion, "keyed_try_acquire_drop");
+    try_acquire_drop::<16>(&mut criterion, "keyed_try_acquire_drop_16_keys");
 }
 
 criterion_main!(benches);
