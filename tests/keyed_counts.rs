@@ -28,6 +28,14 @@ fn poll_once(caller: &mut Caller) -> Poll<Result<KeyedPermit, ServiceSaturated>>
     caller.as_mut().poll(&mut Context::from_waker(&waker))
 }
 
+/// A caller of `key` polled once, and parked.
+fn parked(keyed: &KeyedBulkhead<u32>, key: u32) -> Caller {
+    let keyed = keyed.clone();
+    let mut caller: Caller = Box::pin(async move { keyed.acquire(&key).await });
+    assert!(poll_once(&mut caller).is_pending());
+    caller
+}
+
 /// A tiny deterministic PRNG (xorshift).
 struct Rng(u64);
 impl Rng {
@@ -264,16 +272,8 @@ async fn a_fresh_key_slot_given_back_when_the_ceiling_cannot_renew_leaves_both_e
     );
     let ceiling = keyed.ceiling().unwrap().clone();
     let held = ceiling.try_acquire().unwrap();
-    let mut first: Caller = Box::pin({
-        let keyed = keyed.clone();
-        async move { keyed.acquire(&1).await }
-    });
-    assert!(poll_once(&mut first).is_pending());
-    let mut second: Caller = Box::pin({
-        let keyed = keyed.clone();
-        async move { keyed.acquire(&2).await }
-    });
-    assert!(poll_once(&mut second).is_pending());
+    let mut first = parked(&keyed, 1);
+    let mut second = parked(&keyed, 2);
     assert_eq!(ceiling.waiting(), 2);
     // The ceiling's slot is handed to `first`, whose task runs late.
     drop(held);
@@ -315,16 +315,8 @@ async fn a_caller_dropped_after_its_ceiling_slot_was_handed_over_gives_both_back
     );
     let ceiling = keyed.ceiling().unwrap().clone();
     let held = keyed.try_acquire(&9).unwrap();
-    let mut first: Caller = Box::pin({
-        let keyed = keyed.clone();
-        async move { keyed.acquire(&1).await }
-    });
-    assert!(poll_once(&mut first).is_pending());
-    let mut second: Caller = Box::pin({
-        let keyed = keyed.clone();
-        async move { keyed.acquire(&2).await }
-    });
-    assert!(poll_once(&mut second).is_pending());
+    let first = parked(&keyed, 1);
+    let mut second = parked(&keyed, 2);
     drop(held);
     drop(first);
     let second = match poll_once(&mut second) {
