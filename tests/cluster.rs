@@ -1138,3 +1138,34 @@ async fn the_keyed_layer_takes_a_lease_per_call_without_a_wait_budget() {
     );
     assert_eq!(layer.bulkhead().ceiling().unwrap().in_flight(), 0);
 }
+
+#[tokio::test]
+async fn a_keyed_call_refused_by_an_unreachable_fleet_ceiling_gives_its_key_slot_back_uncounted() {
+    let mut server = RedisServer::start();
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(2, LONG).wait(Duration::from_millis(50))).ceiling(
+            Config::new(4, LONG)
+                .wait(Duration::from_millis(50))
+                .cluster_ceiling(
+                    ClusterCeiling::new(server.client(), "unreachable", 4)
+                        .when_unreachable(WhenUnreachable::FailClosed),
+                ),
+        ),
+    );
+    let held = keyed.acquire(&"a").await.unwrap();
+    server.stop();
+    assert_eq!(
+        reason(keyed.acquire(&"a").await),
+        ShedReason::ClusterUnavailable
+    );
+    // The refused call's key slot went back, counted neither admitted nor
+    // held; the first call's is still held.
+    let status = keyed.status(4);
+    let a = status.busiest.iter().find(|key| key.key == "a").unwrap();
+    assert_eq!((a.in_flight, a.totals.admitted), (1, 1));
+    let ceiling = keyed.ceiling().unwrap();
+    assert_eq!(ceiling.in_flight(), 1);
+    assert_eq!(ceiling.status().totals.rejected_cluster_unavailable, 1);
+    drop(held);
+    assert_eq!((key_in_flight(&keyed, "a"), ceiling.in_flight()), (0, 0));
+}
