@@ -2,15 +2,18 @@
 //! totals and no history of minutes, right across days and to the clock's
 //! end; the ceiling, and a plain bulkhead built from the same configuration,
 //! keep theirs; no setting a user cannot set shows in a configuration. And
-//! where a caller of the ceiling itself stands in its line: ahead of the
-//! keys taking turns, from the first turn.
+//! where a caller of the ceiling itself stands in its line, whatever its
+//! priority: behind keys below their share, ahead of the keys taking turns,
+//! from the first turn on. And limits and labels at their extremes.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig};
 use tower_inflight::{Bulkhead, Config, ManualClock, ShedReason};
 
 const LONG: Duration = Duration::from_secs(30);
 const MINUTE: Duration = Duration::from_secs(60);
+const WAIT: Duration = Duration::from_secs(10);
 
 /// Lets every spawned task run until it parks (no timer fires: the main
 /// task never idles, so paused time does not move).
@@ -255,4 +258,207 @@ async fn a_direct_caller_of_priority_100_goes_ahead_of_keys_in_their_first_turns
         "both slots freed went to key 2's callers in turn ({keys_served} served), none to \
          the direct caller of priority 100"
     );
+}
+
+type Order = Arc<Mutex<Vec<String>>>;
+
+/// A keyed caller of `key` that notes its name once both slots are held,
+/// then holds them 1 ms (paused time).
+fn keyed_caller(
+    keyed: &KeyedBulkhead<&'static str>,
+    key: &'static str,
+    order: &Order,
+) -> tokio::task::JoinHandle<()> {
+    let (keyed, order) = (keyed.clone(), order.clone());
+    tokio::spawn(async move {
+        let permit = keyed.acquire(&key).await.expect("keyed caller admitted");
+        order.lock().unwrap().push(format!("key:{key}"));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        drop(permit);
+    })
+}
+
+/// A direct caller of the ceiling at `priority`.
+fn direct_caller(
+    keyed: &KeyedBulkhead<&'static str>,
+    priority: i32,
+    order: &Order,
+) -> tokio::task::JoinHandle<()> {
+    let (ceiling, order) = (keyed.ceiling().unwrap().clone(), order.clone());
+    tokio::spawn(async move {
+        let permit = ceiling
+            .acquire_with_priority(priority)
+            .await
+            .expect("direct caller admitted");
+        order.lock().unwrap().push(format!("direct:{priority}"));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        drop(permit);
+    })
+}
+
+/// Every extreme of i32 against keys in turn (first turn, tag 0) and a key
+/// below its share: below-share first, then every direct caller by its
+/// priority (i32::MIN .. i32::MAX), then the keys in turn, whatever the
+/// arrival order.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn every_i32_priority_sits_between_below_share_and_the_turns() {
+    let keyed: KeyedBulkhead<&'static str> = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(4, LONG))
+            .ceiling(Config::new(1, LONG).wait(WAIT))
+            .guarantee_per_key(|key: &&str| usize::from(*key == "share")),
+    );
+    let held = keyed.ceiling().unwrap().try_acquire().unwrap();
+    let order: Order = Arc::default();
+    let mut tasks = Vec::new();
+    // Keys in turn arrive first, then directs (highest priority value
+    // first), then the key below its share last of all.
+    tasks.push(keyed_caller(&keyed, "a", &order));
+    settle().await;
+    tasks.push(keyed_caller(&keyed, "b", &order));
+    settle().await;
+    for priority in [i32::MAX, i32::MAX - 1, 1, 0, -1, i32::MIN + 1, i32::MIN] {
+        tasks.push(direct_caller(&keyed, priority, &order));
+        settle().await;
+    }
+    tasks.push(keyed_caller(&keyed, "share", &order));
+    settle().await;
+    assert_eq!(keyed.ceiling().unwrap().waiting(), 10);
+    drop(held);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    assert_eq!(
+        order,
+        [
+            "key:share",
+            &format!("direct:{}", i32::MIN),
+            &format!("direct:{}", i32::MIN + 1),
+            "direct:-1",
+            "direct:0",
+            "direct:1",
+            &format!("direct:{}", i32::MAX - 1),
+            &format!("direct:{}", i32::MAX),
+            "key:a",
+            "key:b",
+        ]
+    );
+}
+
+/// After the virtual time has moved on (many turns served), a direct caller
+/// of i32::MAX that comes last still goes ahead of keys in turn that came
+/// before it, and the keys still alternate.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn direct_i32_max_is_ahead_of_turns_after_many_turns() {
+    let keyed: KeyedBulkhead<&'static str> = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, LONG).wait(WAIT)).ceiling(Config::new(1, LONG).wait(WAIT)),
+    );
+    // Move the virtual time: 40 turns of two keys served through the line.
+    let held = keyed.ceiling().unwrap().try_acquire().unwrap();
+    let warm: Order = Arc::default();
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        tasks.push(keyed_caller(&keyed, "x", &warm));
+        tasks.push(keyed_caller(&keyed, "y", &warm));
+    }
+    settle().await;
+    drop(held);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let warm = warm.lock().unwrap().clone();
+    assert_eq!(warm.len(), 40);
+    for pair in warm.chunks(2) {
+        assert_ne!(pair[0], pair[1], "keys alternate: {warm:?}");
+    }
+
+    let held = keyed.ceiling().unwrap().try_acquire().unwrap();
+    let order: Order = Arc::default();
+    let mut tasks = vec![
+        keyed_caller(&keyed, "x", &order),
+        keyed_caller(&keyed, "new", &order),
+    ];
+    settle().await;
+    tasks.push(direct_caller(&keyed, i32::MAX, &order));
+    settle().await;
+    drop(held);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    assert_eq!(order[0], format!("direct:{}", i32::MAX), "{order:?}");
+}
+
+/// A turn given up (wait expired) refunds its cost without disturbing the
+/// order against direct callers: the key's next caller is still behind a
+/// later direct caller, and ahead of nobody it should not be.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_refunded_turn_keeps_direct_callers_ahead() {
+    let keyed: KeyedBulkhead<&'static str> = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(4, LONG)).ceiling(Config::new(1, LONG).wait(WAIT)),
+    );
+    let held = keyed.ceiling().unwrap().try_acquire().unwrap();
+    // Three callers of "a" wait out the ceiling's budget.
+    let gave_up: Vec<_> = (0..3)
+        .map(|_| {
+            let keyed = keyed.clone();
+            tokio::spawn(async move { keyed.acquire(&"a").await.map(drop) })
+        })
+        .collect();
+    for task in gave_up {
+        assert!(task.await.unwrap().is_err());
+    }
+    let order: Order = Arc::default();
+    let mut tasks = vec![
+        keyed_caller(&keyed, "b", &order),
+        keyed_caller(&keyed, "a", &order),
+    ];
+    settle().await;
+    tasks.push(direct_caller(&keyed, i32::MAX, &order));
+    settle().await;
+    drop(held);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    assert_eq!(
+        order,
+        [&format!("direct:{}", i32::MAX), "key:b", "key:a"],
+        "{order:?}"
+    );
+}
+
+/// A limit function returning 0 or usize::MAX, with a ceiling and without,
+/// with labels that report metrics (odd ones too): the key's bulkhead is
+/// made (the `expect` in `Keys::make` is never reached), its limit held to
+/// 1 ..= the ceiling's limit, or 1 ..= 2^20.
+#[test]
+fn extreme_limits_and_labels_never_reach_the_fallback_panic() {
+    for ceiling in [None, Some(3usize)] {
+        let mut config = KeyedConfig::new(Config::new(2, LONG).name("t"))
+            .limit_per_key(|key: &u32| match key {
+                0 => 0,
+                1 => usize::MAX,
+                2 => (1 << 20) + 1,
+                _ => 2,
+            })
+            .metrics_per_key(|key: &u32| match key {
+                0 => Some(String::new()),
+                1 => Some("x".repeat(10_000)),
+                2 => Some("\u{0}/\n".to_owned()),
+                _ => None,
+            });
+        if let Some(limit) = ceiling {
+            config = config.ceiling(Config::new(limit, LONG));
+        }
+        let keyed = KeyedBulkhead::new(config);
+        let top = ceiling.unwrap_or(1 << 20);
+        for (key, limit) in [(0u32, 1), (1, top), (2, top), (3, 2)] {
+            let permit = keyed.try_acquire(&key).unwrap();
+            let status = keyed.status(8);
+            let found = status.busiest.iter().find(|s| s.key == key).unwrap();
+            assert_eq!(found.limit, limit, "key {key}, ceiling {ceiling:?}");
+            drop(permit);
+        }
+    }
 }
