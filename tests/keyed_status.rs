@@ -1,7 +1,7 @@
 //! What a keyed bulkhead and its ceiling keep and report: a key keeps its
 //! totals and no history of minutes, right across days and to the clock's
 //! end; the ceiling, and a plain bulkhead built from the same configuration,
-//! keep theirs; no setting a user cannot set shows in a configuration. And
+//! keep theirs. And
 //! where a caller of the ceiling itself stands in its line, whatever its
 //! priority: behind keys below their share, ahead of the keys taking turns,
 //! from the first turn on. And limits and labels at their extremes.
