@@ -353,8 +353,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         // The key's slot is counted as admitted once the ceiling's is held
         // too: a call either refuses is not admitted by the other.
         let claimed = self.inner.keys.find(key, |entry| {
-            let claim = entry.bulkhead.try_claim()?;
-            entry.taken_at(entry.bulkhead.claimed_at(&claim));
+            let claim = entry.claim()?;
             Ok((entry.bulkhead.clone(), claim))
         });
         let (bulkhead, claim) = match claimed {
@@ -404,8 +403,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         // (counted, its event heard) outside it: a hook may look at this
         // keyed bulkhead.
         let found = self.inner.keys.find(key, |entry| {
-            let claim = entry.bulkhead.try_claim().ok()?;
-            entry.taken_at(entry.bulkhead.claimed_at(&claim));
+            let claim = entry.claim().ok()?;
             Some((entry.bulkhead.clone(), claim, entry.line.clone()))
         });
         let (bulkhead, claim, line) = match found {
@@ -512,33 +510,30 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             .keys
             .get(key, |entry| entry.bulkhead.clone())
             .map(|bulkhead| bulkhead.shed_now(reason))
-            .unwrap_or_else(|| {
-                // Evicted meanwhile: its bulkhead is gone, and so is its
-                // record.
-                let per_key = &self.inner.per_key;
-                ServiceSaturated::new(
-                    per_key.name.clone(),
-                    per_key.limit,
-                    reason,
-                    per_key.retry_after,
-                )
-            })
+            // Evicted meanwhile: its bulkhead is gone, and so is its record.
+            .unwrap_or_else(|| self.unrecorded(reason))
+    }
+
+    /// A refusal for `reason` that no bulkhead records, named as the
+    /// per-key configuration names its keys.
+    fn unrecorded(&self, reason: ShedReason) -> ServiceSaturated {
+        let per_key = &self.inner.per_key;
+        ServiceSaturated::new(
+            per_key.name.clone(),
+            per_key.limit,
+            reason,
+            per_key.retry_after,
+        )
     }
 
     #[cold]
     fn too_many_keys(&self) -> ServiceSaturated {
         // Recorded by the ceiling (counts, event, metrics, tracing), if
         // there is one: no key has a bulkhead to record it.
-        if let Some(ceiling) = &self.inner.ceiling {
-            return ceiling.shed_now(ShedReason::TooManyKeys);
+        match &self.inner.ceiling {
+            Some(ceiling) => ceiling.shed_now(ShedReason::TooManyKeys),
+            None => self.unrecorded(ShedReason::TooManyKeys),
         }
-        let per_key = &self.inner.per_key;
-        ServiceSaturated::new(
-            per_key.name.clone(),
-            per_key.limit,
-            ShedReason::TooManyKeys,
-            per_key.retry_after,
-        )
     }
 
     /// Whether a call goes by the future that may wait: the per-key

@@ -4,8 +4,10 @@
 
 use crate::bulkhead::{Bulkhead, History};
 use crate::config::Config;
+use crate::error::ShedReason;
 use crate::keyed::turns::{weight, KeyTurn};
 use crate::keyed::KeyStatus;
+use crate::slots::Claim;
 use crate::slots::MAX_SLOTS;
 use crate::sync::{
     fence, read, write, Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, RwLock,
@@ -80,11 +82,14 @@ impl Entry {
         }
     }
 
-    /// Notes that a slot of this key's, taken at tick `at`, was taken by
-    /// a caller under the map's read lock.
+    /// A slot of this key's, not yet counted as admitted (see
+    /// [`Bulkhead::try_claim`]), noted as taken by a caller under the map's
+    /// lock.
     #[inline(always)]
-    pub(crate) fn taken_at(&self, at: u64) {
-        note_taken(&self.last_taken, at);
+    pub(crate) fn claim(&self) -> Result<Claim, ShedReason> {
+        let claim = self.bulkhead.try_claim()?;
+        note_taken(&self.last_taken, self.bulkhead.claimed_at(&claim));
+        Ok(claim)
     }
 }
 
