@@ -31,8 +31,7 @@ use axum_core::response::{IntoResponse, Response};
 /// ```
 impl IntoResponse for ServiceSaturated {
     fn into_response(self) -> Response {
-        let retry_after = response::retry_after_secs(self.retry_after());
-        response::service_unavailable(&self, retry_after).map(axum_core::body::Body::from)
+        response::refusal(&self).map(axum_core::body::Body::from)
     }
 }
 

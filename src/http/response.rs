@@ -27,6 +27,11 @@ pub(crate) fn service_unavailable(
     response
 }
 
+/// [`service_unavailable`] with the shed's own retry hint.
+pub(crate) fn refusal(shed: &ServiceSaturated) -> Response<Bytes> {
+    service_unavailable(shed, retry_after_secs(shed.retry_after()))
+}
+
 /// A `Retry-After` value: the hint rounded up to whole seconds, and never 0,
 /// which would invite an immediate retry into the same overload.
 pub(crate) fn retry_after_secs(hint: Duration) -> u64 {

@@ -8,7 +8,7 @@ use super::response;
 use crate::bulkhead::{Bulkhead, Permit, Shared};
 use crate::error::ServiceSaturated;
 use crate::sync::{Arc, Mutex};
-use crate::tower::{admit, Parked, Readiness, TicketAdmission};
+use crate::tower::{admit, take_ready, Parked, Readiness, TicketAdmission};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
@@ -133,9 +133,8 @@ where
                 }
             }
             TicketAdmission::Wait(acquire) => {
-                let clone = self.inner.clone();
                 let admission = Admission {
-                    inner: std::mem::replace(&mut self.inner, clone),
+                    inner: take_ready(&mut self.inner),
                     request,
                     body_limit,
                     settings: self.settings.clone(),

@@ -4,10 +4,11 @@
 
 use crate::error::ServiceSaturated;
 use crate::http::body::InFlight;
-use crate::http::response::{retry_after_secs, service_unavailable};
+use crate::http::response::refusal;
 use crate::http::ResponseBody;
 use crate::keyed::bulkhead::Start;
 use crate::keyed::{KeyedBulkhead, KeyedConfig, KeyedPermit};
+use crate::tower::take_ready;
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
@@ -182,10 +183,7 @@ where
             Start::Shed(shed) => return KeyedHttpFuture::refused(&shed),
             Start::Wait(held) => held,
         };
-        // The ready service goes into the future; this one keeps a clone,
-        // not yet ready.
-        let clone = self.inner.clone();
-        let mut ready = std::mem::replace(&mut self.inner, clone);
+        let mut ready = take_ready(&mut self.inner);
         let keyed = self.keyed.clone();
         KeyedHttpFuture {
             kind: Kind::Waiting {
@@ -200,10 +198,6 @@ where
             },
         }
     }
-}
-
-fn refusal(shed: &ServiceSaturated) -> Response<Bytes> {
-    service_unavailable(shed, retry_after_secs(shed.retry_after()))
 }
 
 fn keyed_in_flight(permit: KeyedPermit) -> Option<InFlight> {

@@ -3,6 +3,7 @@
 use crate::error::ServiceSaturated;
 use crate::keyed::bulkhead::Start;
 use crate::keyed::{KeyedBulkhead, KeyedPermit};
+use crate::tower::take_ready;
 use crate::BoxError;
 use pin_project_lite::pin_project;
 use std::fmt;
@@ -167,10 +168,7 @@ where
             Start::Shed(shed) => return KeyedFuture::shed(shed),
             Start::Wait(held) => held,
         };
-        // The ready service goes into the future; this one keeps a clone,
-        // not yet ready.
-        let clone = self.inner.clone();
-        let mut ready = std::mem::replace(&mut self.inner, clone);
+        let mut ready = take_ready(&mut self.inner);
         let keyed = self.keyed.clone();
         KeyedFuture::waiting(Box::pin(async move {
             let permit = keyed.acquire_after(&key, held).await?;

@@ -2,7 +2,7 @@
 
 use crate::bulkhead::{Bulkhead, Permit};
 use crate::ticket::Ticket;
-use crate::tower::{admit, Parked, ResponseFuture, TicketAdmission};
+use crate::tower::{admit, take_ready, Parked, ResponseFuture, TicketAdmission};
 use crate::BoxError;
 use pin_project_lite::pin_project;
 use std::fmt;
@@ -108,8 +108,7 @@ where
                 }
             }
             TicketAdmission::Wait(acquire) => {
-                let clone = self.inner.clone();
-                let ready = std::mem::replace(&mut self.inner, clone);
+                let ready = take_ready(&mut self.inner);
                 State::Waiting {
                     parked: Parked::new(acquire, (ready, request)),
                 }

@@ -17,4 +17,4 @@ pub use layer::ConcurrencyLayer;
 pub use service::Concurrency;
 
 pub(crate) use admission::{admit, Parked, TicketAdmission};
-pub(crate) use readiness::Readiness;
+pub(crate) use readiness::{take_ready, Readiness};

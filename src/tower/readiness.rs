@@ -6,6 +6,15 @@ use crate::error::ServiceSaturated;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
+/// The ready service, for a call that waits for its slots in its response
+/// future and calls it there; `service` keeps a clone, not yet ready:
+/// readiness belongs to the value that was polled ready, and the next
+/// `poll_ready` is the clone's.
+pub(crate) fn take_ready<S: Clone>(service: &mut S) -> S {
+    let clone = service.clone();
+    std::mem::replace(service, clone)
+}
+
 /// A service's readiness to take a slot. It belongs to one service value:
 /// clones start afresh.
 #[derive(Debug, Default)]
