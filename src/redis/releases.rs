@@ -226,27 +226,22 @@ impl Outbox {
     /// carries a release may not be on the connection yet (it was marked
     /// first), and the newest are the likeliest to be this caller's own.
     pub(super) fn for_request(&self) -> Carried<'_> {
-        let mut pending = lock(&self.pending);
-        let newest = pending.len().saturating_sub(NEWEST);
         Carried {
             outbox: self,
-            tokens: pending
-                .iter_mut()
-                .enumerate()
-                .filter(|(at, release)| release.carriers == 0 || *at >= newest)
-                .map(|(_, release)| {
-                    release.carriers += 1;
-                    release.token.clone()
-                })
-                .collect(),
+            tokens: self.carry(NEWEST),
         }
     }
 
-    fn take_uncarried(&self) -> Vec<String> {
-        lock(&self.pending)
+    /// The tokens of the releases pending that no command carries, and of
+    /// the `newest` whoever carries them, each marked carried once more.
+    fn carry(&self, newest: usize) -> Vec<String> {
+        let mut pending = lock(&self.pending);
+        let from = pending.len().saturating_sub(newest);
+        pending
             .iter_mut()
-            .filter(|release| release.carriers == 0)
-            .map(|release| {
+            .enumerate()
+            .filter(|(at, release)| release.carriers == 0 || *at >= from)
+            .map(|(_, release)| {
                 release.carriers += 1;
                 release.token.clone()
             })
@@ -256,7 +251,7 @@ impl Outbox {
     /// Every release pending that no command carries now, oldest first, a
     /// batch at a time.
     fn all(&self) -> Vec<Carried<'_>> {
-        self.take_uncarried()
+        self.carry(0)
             .chunks(BATCH)
             .map(|tokens| Carried {
                 outbox: self,
@@ -278,6 +273,12 @@ impl Outbox {
         });
         self.counts.releases_lost.fetch_add(lost, Ordering::Relaxed);
         !pending.is_empty()
+    }
+
+    /// How long the task waits before it tries again after a command
+    /// failed: the backoff, and never less than a command's timeout.
+    fn retry_delay(&self) -> Duration {
+        self.ceiling.backoff.max(self.ceiling.timeout)
     }
 
     pub(super) fn live(&self, token: String, until: Instant) {
@@ -404,14 +405,13 @@ async fn run(outbox: Arc<Outbox>, mut connection: ConnectionManager) {
             // the read wakes the task again.
             outbox.waking.store(false, Ordering::SeqCst);
             let sent = outbox.send(&mut connection).await;
-            retry_at = (!sent)
-                .then(|| Instant::now() + outbox.ceiling.backoff.max(outbox.ceiling.timeout));
+            retry_at = (!sent).then(|| Instant::now() + outbox.retry_delay());
             if closed {
                 // Gone, with releases unsent: tried again after each
                 // backoff, while the leases they give back may still hold.
                 let mut sent = sent;
                 while !sent && outbox.drop_run_out() {
-                    tokio::time::sleep(outbox.ceiling.backoff.max(outbox.ceiling.timeout)).await;
+                    tokio::time::sleep(outbox.retry_delay()).await;
                     sent = outbox.send(&mut connection).await;
                 }
                 return;
