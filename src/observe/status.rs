@@ -242,20 +242,19 @@ pub(crate) struct Rollups {
     /// The peak seen since the last entry.
     peak: AtomicUsize,
     history: Mutex<VecDeque<Entry>>,
-    /// Whether a minute's entry is ever added to `history`.
-    keeps_history: bool,
 }
+
+/// The `next_minute` of rollups that keep no history: past every tick the
+/// clock reaches, so that no minute ever turns.
+const NO_HISTORY: u64 = u64::MAX;
 
 impl Rollups {
     /// Rollups that keep no history: the windows stay at what they were
     /// at `now`, and the fast path never finds the minute turned.
     pub(crate) fn without_history(ticks_per_minute: u64, now: u64) -> Self {
         let rollups = Self::new(ticks_per_minute, now);
-        rollups.next_minute.store(u64::MAX, Ordering::Relaxed);
-        Self {
-            keeps_history: false,
-            ..rollups
-        }
+        rollups.next_minute.store(NO_HISTORY, Ordering::Relaxed);
+        rollups
     }
 
     pub(crate) fn new(ticks_per_minute: u64, now: u64) -> Self {
@@ -270,7 +269,6 @@ impl Rollups {
             next_minute: AtomicU64::new((minute + 1) * ticks_per_minute),
             peak: AtomicUsize::new(0),
             history: Mutex::new(VecDeque::from([first])),
-            keeps_history: true,
         }
     }
 
@@ -295,7 +293,7 @@ impl Rollups {
 
     /// Records the totals for the minute `now` is in, if not done already.
     pub(crate) fn turn(&self, now: u64, totals: Totals, in_flight: usize) {
-        if !self.keeps_history {
+        if self.next_minute.load(Ordering::Relaxed) == NO_HISTORY {
             return;
         }
         let minute = now / self.ticks_per_minute;
