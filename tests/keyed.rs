@@ -458,3 +458,124 @@ fn a_late_release_frees_nothing_of_the_new_holder_s_and_a_release_is_free_at_onc
     drop(reclaimed);
     assert!(keyed.try_acquire(&"a").is_ok());
 }
+
+/// Under `tower::retry`, each attempt takes its key's slot and the
+/// ceiling's, and gives both back; a call in backoff holds neither; an
+/// attempt shed is not retried and surfaces `ServiceSaturated`.
+#[tokio::test(start_paused = true)]
+async fn under_retry_each_attempt_takes_and_returns_its_own_slots() {
+    use std::sync::{Arc, Mutex};
+
+    type Held = Arc<Mutex<Vec<(usize, usize)>>>;
+
+    /// Retries every failure but a shed, up to `left` times; notes what is
+    /// held at each backoff, and takes the key's only slot at the backoff
+    /// numbered `steal_at`.
+    #[derive(Clone)]
+    struct Retries {
+        left: usize,
+        keyed: KeyedBulkhead<&'static str>,
+        in_backoff: Held,
+        steal_at: Option<usize>,
+        stolen: Arc<Mutex<Vec<tower_inflight::keyed::KeyedPermit>>>,
+    }
+
+    impl tower::retry::Policy<u32, u32, BoxError> for Retries {
+        type Future = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+        fn retry(
+            &mut self,
+            _: &mut u32,
+            result: &mut Result<u32, BoxError>,
+        ) -> Option<Self::Future> {
+            match result {
+                Err(error) if !error.is::<ServiceSaturated>() && self.left > 0 => {
+                    self.left -= 1;
+                    let mut in_backoff = self.in_backoff.lock().unwrap();
+                    in_backoff.push(held(&self.keyed));
+                    if self.steal_at == Some(in_backoff.len()) {
+                        self.stolen
+                            .lock()
+                            .unwrap()
+                            .push(self.keyed.try_acquire(&"k").unwrap());
+                    }
+                    Some(Box::pin(tokio::time::sleep(Duration::from_millis(10))))
+                }
+                _ => None,
+            }
+        }
+
+        fn clone_request(&mut self, request: &u32) -> Option<u32> {
+            Some(*request)
+        }
+    }
+
+    /// The key's slots held and the ceiling's.
+    fn held(keyed: &KeyedBulkhead<&'static str>) -> (usize, usize) {
+        let key = keyed
+            .status(1)
+            .busiest
+            .first()
+            .map_or(0, |key| key.in_flight);
+        (key, keyed.ceiling().unwrap().in_flight())
+    }
+
+    for steal_at in [None, Some(1)] {
+        let layer = KeyedConcurrencyLayer::new(
+            KeyedConfig::new(Config::new(1, LONG)).ceiling(Config::new(2, LONG)),
+            |_: &u32| "k",
+        );
+        let keyed = layer.bulkhead();
+        let (attempts, seen): (Arc<Mutex<usize>>, Held) = Default::default();
+        let flaky = {
+            let (attempts, seen, keyed) = (attempts.clone(), seen.clone(), keyed.clone());
+            service_fn(move |request: u32| {
+                seen.lock().unwrap().push(held(&keyed));
+                let mut attempts = attempts.lock().unwrap();
+                *attempts += 1;
+                let outcome = if *attempts <= 3 {
+                    Err::<u32, BoxError>("transient failure".into())
+                } else {
+                    Ok(request)
+                };
+                async move { outcome }
+            })
+        };
+        let policy = Retries {
+            left: 3,
+            keyed: keyed.clone(),
+            in_backoff: Held::default(),
+            steal_at,
+            stolen: Arc::default(),
+        };
+        let (in_backoff, stolen) = (policy.in_backoff.clone(), policy.stolen.clone());
+        let mut service = ServiceBuilder::new()
+            .retry(policy)
+            .layer(layer)
+            .service(flaky);
+        let outcome = service.ready().await.unwrap().call(42).await;
+        match steal_at {
+            None => {
+                assert_eq!(outcome.unwrap(), 42);
+                assert_eq!(
+                    *seen.lock().unwrap(),
+                    [(1, 1); 4],
+                    "each attempt holds one of each"
+                );
+                assert_eq!(
+                    *in_backoff.lock().unwrap(),
+                    [(0, 0); 3],
+                    "a backoff holds none"
+                );
+            }
+            Some(_) => {
+                let shed = outcome.unwrap_err().downcast::<ServiceSaturated>().unwrap();
+                assert_eq!(shed.reason(), ShedReason::LimitReached);
+                assert_eq!(seen.lock().unwrap().len(), 1, "the shed attempt never ran");
+                assert_eq!(held(&keyed), (1, 1), "only the stolen slots are held");
+                stolen.lock().unwrap().clear();
+            }
+        }
+        assert_eq!(held(&keyed), (0, 0));
+    }
+}
