@@ -2,21 +2,13 @@
 //! own task, so a slow server cannot slow the offered load down (a closed
 //! loop, which waits for one response before sending the next, hides overload).
 
-use bytes::Bytes;
+use crate::demo::{HttpClient, Rng};
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-
-pub(crate) type HttpClient = Client<HttpConnector, Empty<Bytes>>;
-
-pub(crate) fn client() -> HttpClient {
-    Client::builder(TokioExecutor::new()).build_http()
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Arrivals {
@@ -35,27 +27,11 @@ impl Arrivals {
     }
 }
 
-/// SplitMix64: a small seeded generator, so runs are repeatable.
-pub(crate) struct Rng(u64);
-
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-
-    /// Uniform in (0, 1].
-    pub(crate) fn next_unit(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        ((z >> 11) as f64 + 1.0) / (1u64 << 53) as f64
-    }
-
-    pub(crate) fn gap(&mut self, arrivals: Arrivals, rate: f64) -> f64 {
-        match arrivals {
-            Arrivals::Poisson => -self.next_unit().ln() / rate,
+impl Arrivals {
+    /// The gap to the next arrival at `rate` a second.
+    pub(crate) fn gap(self, rng: &mut Rng, rate: f64) -> f64 {
+        match self {
+            Arrivals::Poisson => rng.exponential_gap(rate),
             Arrivals::Paced => 1.0 / rate,
         }
     }
@@ -100,7 +76,7 @@ pub(crate) async fn offer(
     let mut calls = JoinSet::new();
     let mut due = 0.0;
     loop {
-        due += rng.gap(arrivals, rate);
+        due += arrivals.gap(rng, rate);
         if due >= duration.as_secs_f64() {
             break;
         }

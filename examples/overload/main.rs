@@ -18,12 +18,15 @@
 //! A `--quick` run writes the same names prefixed `quick-`, so that it never
 //! overwrites a full run's files.
 
+#[path = "../shared/demo.rs"]
+mod demo;
 mod load;
 mod server;
 mod stats;
 mod svg;
 
-use load::{Arrivals, Outcome, Rng, Status};
+use demo::Rng;
+use load::{Arrivals, Outcome, Status};
 use server::{Dependency, Variant};
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -393,7 +396,7 @@ async fn grid(options: &Options, variant: Variant, measured: Duration, capacity:
         &[0.25, 0.5, 1.0, 2.0, 4.0]
     };
     let seconds = Duration::from_secs_f64(options.seconds);
-    let client = load::client();
+    let client = demo::client();
     let dependency = Dependency::new(options.service_time);
     let app = variant.app(options.limit, options.service_time, dependency.clone());
     let (addr, _server) = server::serve(app).await;
@@ -636,7 +639,7 @@ fn take(options: &Options, name: &str) -> String {
 /// builds a semaphore per `layer()` call, ours shares the layer's bulkhead.
 async fn per_connection_trap(options: &Options, capacity: f64) {
     let seconds = Duration::from_secs_f64(options.seconds.min(2.0));
-    let client = load::client();
+    let client = demo::client();
     println!(
         "\nthe same layer value applied per connection (a hand-rolled accept loop), 400 % load:"
     );
@@ -685,7 +688,7 @@ async fn degrade(options: &Options, variant: Variant, capacity: f64) {
     let total = if options.quick { 3.0 } else { 6.0 };
     let slow_at = total / 3.0;
     let slow = Duration::from_secs(2);
-    let client = load::client();
+    let client = demo::client();
     let dependency = Dependency::new(options.service_time);
     let app = variant.app(options.limit, options.service_time, dependency.clone());
     let (addr, _server) = server::serve(app).await;

@@ -1,6 +1,7 @@
 //! The server under test: one axum handler standing in for a dependency,
 //! served behind each variant in turn.
 
+use crate::demo::Counted;
 use axum::error_handling::HandleErrorLayer;
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
@@ -47,22 +48,6 @@ impl Dependency {
     pub(crate) fn take_peak(&self) -> usize {
         self.peak_inside
             .swap(self.inside.load(Ordering::SeqCst), Ordering::SeqCst)
-    }
-}
-
-/// Counts while alive; a dropped future (the client went away) counts down too.
-struct Counted<'a>(&'a AtomicUsize);
-
-impl<'a> Counted<'a> {
-    fn new(counter: &'a AtomicUsize) -> (Self, usize) {
-        let now = counter.fetch_add(1, Ordering::SeqCst) + 1;
-        (Counted(counter), now)
-    }
-}
-
-impl Drop for Counted<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -1,17 +1,10 @@
 //! Figures from outcomes: percentiles, the Erlang-B floor, peak memory.
 
-use crate::load::{Arrivals, Outcome, Rng, Status};
+use crate::demo::Rng;
+use crate::load::{Arrivals, Outcome, Status};
 use std::time::Duration;
 
-/// The `q` quantile (0..=1) of `values`, nearest rank; zero when empty.
-pub(crate) fn quantile(values: &mut [Duration], q: f64) -> Duration {
-    if values.is_empty() {
-        return Duration::ZERO;
-    }
-    values.sort_unstable();
-    let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
-    values[rank - 1]
-}
+pub(crate) use crate::demo::quantile;
 
 pub(crate) fn latencies(outcomes: &[Outcome], status: Status) -> Vec<Duration> {
     outcomes
@@ -52,7 +45,7 @@ pub(crate) fn fifo_floor(
     let to_ns = |secs: f64| (secs * 1e9) as u64;
     let (mut now, mut shed, arrivals_count) = (0.0, 0usize, 200_000);
     for _ in 0..arrivals_count {
-        now += rng.gap(arrivals, rate);
+        now += arrivals.gap(&mut rng, rate);
         let earliest = free_at.peek().map_or(0, |r| r.0);
         let start = to_ns(now).max(earliest);
         if start - to_ns(now) <= to_ns(patience) {

@@ -3,45 +3,13 @@
 //! server cannot slow the offered load down (a closed loop, which waits for
 //! one response before sending the next, hides overload).
 
-use bytes::Bytes;
+use crate::demo::{HttpClient, Rng};
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-
-pub(crate) type HttpClient = Client<HttpConnector, Empty<Bytes>>;
-
-pub(crate) fn client() -> HttpClient {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
-/// SplitMix64: a small seeded generator, so runs are repeatable.
-pub(crate) struct Rng(u64);
-
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-
-    /// Uniform in (0, 1].
-    fn next_unit(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        ((z >> 11) as f64 + 1.0) / (1u64 << 53) as f64
-    }
-
-    /// An exponential gap: how independent clients arrive.
-    fn gap(&mut self, rate: f64) -> f64 {
-        -self.next_unit().ln() / rate
-    }
-}
 
 /// One tenant's offered load.
 #[derive(Clone, Debug)]
@@ -88,7 +56,7 @@ pub(crate) fn schedule(tenants: &[Tenant], duration: Duration, seed: u64) -> Vec
         let mut rng = Rng::new(seed ^ (index as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F));
         let mut due = 0.0;
         loop {
-            due += rng.gap(tenant.rate);
+            due += rng.exponential_gap(tenant.rate);
             if due >= duration.as_secs_f64() {
                 break;
             }

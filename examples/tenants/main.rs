@@ -24,6 +24,8 @@
 //! against the `keyed` rows, prints a `RESULT` line per variant for scripts
 //! (`tests/tenants_demo.rs` reads them), and writes a CSV and an SVG plot.
 
+#[path = "../shared/demo.rs"]
+mod demo;
 mod load;
 mod server;
 mod stats;
@@ -228,7 +230,7 @@ async fn main() {
         setup.guarantee, options.wait
     );
     print_header();
-    let client = load::client();
+    let client = demo::client();
     let mut reports = Vec::new();
     for variant in Variant::ALL {
         let report = run(&options, &setup, &tenants, &client, variant).await;
@@ -260,7 +262,7 @@ async fn run(
     options: &Options,
     setup: &Setup,
     tenants: &[Tenant],
-    client: &load::HttpClient,
+    client: &demo::HttpClient,
     variant: Variant,
 ) -> Report {
     let seconds = Duration::from_secs_f64(options.seconds);

@@ -1,6 +1,7 @@
 //! The server under test: one axum handler standing in for a dependency
 //! shared by every tenant, behind each variant's layer in turn.
 
+use crate::demo::Counted;
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
@@ -104,22 +105,6 @@ impl Dependency {
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^= z >> 31;
         2.0 * ((z >> 11) as f64 / (1u64 << 53) as f64) - 1.0
-    }
-}
-
-/// Counts while alive; a dropped future (the client went away) counts down too.
-struct Counted<'a>(&'a AtomicUsize);
-
-impl<'a> Counted<'a> {
-    fn new(counter: &'a AtomicUsize) -> (Self, usize) {
-        let now = counter.fetch_add(1, Ordering::SeqCst) + 1;
-        (Counted(counter), now)
-    }
-}
-
-impl Drop for Counted<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

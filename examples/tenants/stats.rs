@@ -3,15 +3,7 @@
 use crate::load::{Outcome, Status};
 use std::time::Duration;
 
-/// The `q` quantile (0..=1) of `values`, nearest rank; zero when empty.
-pub(crate) fn quantile(values: &mut [Duration], q: f64) -> Duration {
-    if values.is_empty() {
-        return Duration::ZERO;
-    }
-    values.sort_unstable();
-    let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
-    values[rank - 1]
-}
+pub(crate) use crate::demo::quantile;
 
 /// How one class of tenants (the quiet ones, or the noisy one) fared.
 #[derive(Clone, Copy, Debug, Default)]
