@@ -278,6 +278,30 @@ fn keyed_caller(
     })
 }
 
+/// Callers of `keys` come to the ceiling's line, then a direct caller of
+/// priority `i32::MAX`; `held`, the ceiling's one slot, is let go: the order
+/// they were served in.
+async fn keys_then_a_direct_caller(
+    keyed: &KeyedBulkhead<&'static str>,
+    held: tower_inflight::Permit,
+    keys: [&'static str; 2],
+) -> Vec<String> {
+    let order: Order = Arc::default();
+    let mut tasks: Vec<_> = keys
+        .iter()
+        .map(|key| keyed_caller(keyed, key, &order))
+        .collect();
+    settle().await;
+    tasks.push(direct_caller(keyed, i32::MAX, &order));
+    settle().await;
+    drop(held);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    order
+}
+
 /// A direct caller of the ceiling at `priority`.
 fn direct_caller(
     keyed: &KeyedBulkhead<&'static str>,
@@ -373,19 +397,7 @@ async fn direct_i32_max_is_ahead_of_turns_after_many_turns() {
     }
 
     let held = keyed.ceiling().unwrap().try_acquire().unwrap();
-    let order: Order = Arc::default();
-    let mut tasks = vec![
-        keyed_caller(&keyed, "x", &order),
-        keyed_caller(&keyed, "new", &order),
-    ];
-    settle().await;
-    tasks.push(direct_caller(&keyed, i32::MAX, &order));
-    settle().await;
-    drop(held);
-    for task in tasks {
-        task.await.unwrap();
-    }
-    let order = order.lock().unwrap().clone();
+    let order = keys_then_a_direct_caller(&keyed, held, ["x", "new"]).await;
     assert_eq!(order[0], format!("direct:{}", i32::MAX), "{order:?}");
 }
 
@@ -408,19 +420,7 @@ async fn a_refunded_turn_keeps_direct_callers_ahead() {
     for task in gave_up {
         assert!(task.await.unwrap().is_err());
     }
-    let order: Order = Arc::default();
-    let mut tasks = vec![
-        keyed_caller(&keyed, "b", &order),
-        keyed_caller(&keyed, "a", &order),
-    ];
-    settle().await;
-    tasks.push(direct_caller(&keyed, i32::MAX, &order));
-    settle().await;
-    drop(held);
-    for task in tasks {
-        task.await.unwrap();
-    }
-    let order = order.lock().unwrap().clone();
+    let order = keys_then_a_direct_caller(&keyed, held, ["b", "a"]).await;
     assert_eq!(
         order,
         [&format!("direct:{}", i32::MAX), "key:b", "key:a"],
