@@ -36,6 +36,17 @@ fn parked(keyed: &KeyedBulkhead<u32>, key: u32) -> Caller {
     caller
 }
 
+/// The permit of `caller`, which must be admitted at this poll.
+fn admitted_now(caller: &mut Caller) -> KeyedPermit {
+    match poll_once(caller) {
+        Poll::Ready(Ok(permit)) => permit,
+        other => panic!(
+            "not admitted: {:?}",
+            other.map(|o| o.map(drop).map_err(|s| s.reason()))
+        ),
+    }
+}
+
 /// A tiny deterministic PRNG (xorshift).
 struct Rng(u64);
 impl Rng {
@@ -288,13 +299,7 @@ async fn a_fresh_key_slot_given_back_when_the_ceiling_cannot_renew_leaves_both_e
         Err(ShedReason::LimitReached)
     );
     drop(outcome);
-    let second = match poll_once(&mut second) {
-        Poll::Ready(Ok(permit)) => permit,
-        other => panic!(
-            "second: {:?}",
-            other.map(|o| o.map(drop).map_err(|s| s.reason()))
-        ),
-    };
+    let second = admitted_now(&mut second);
     assert_eq!(ceiling.in_flight(), 1);
     assert_eq!(key_in_flight(&keyed), 1, "key 1's fresh slot went back");
     assert_eq!(
@@ -319,13 +324,7 @@ async fn a_caller_dropped_after_its_ceiling_slot_was_handed_over_gives_both_back
     let mut second = parked(&keyed, 2);
     drop(held);
     drop(first);
-    let second = match poll_once(&mut second) {
-        Poll::Ready(Ok(permit)) => permit,
-        other => panic!(
-            "second: {:?}",
-            other.map(|o| o.map(drop).map_err(|s| s.reason()))
-        ),
-    };
+    let second = admitted_now(&mut second);
     assert_eq!(ceiling.in_flight(), 1);
     assert_eq!(key_in_flight(&keyed), 1);
     assert!(keyed.try_acquire(&1).is_err(), "the ceiling is full");
