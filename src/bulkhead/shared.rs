@@ -145,6 +145,13 @@ impl Shared {
         let _ = cancelled;
     }
 
+    /// Whether a call may have to wait for its slots, and so goes by a
+    /// future: a `wait` budget, or a cluster ceiling's lease (a round trip).
+    #[inline(always)]
+    pub(crate) fn may_wait(&self) -> bool {
+        self.config.wait.is_some() || self.has_cluster()
+    }
+
     /// Whether admission has a step after the local slots (a lease), so
     /// that it must go through [`Acquire`](crate::Acquire).
     #[inline(always)]

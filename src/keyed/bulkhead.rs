@@ -542,9 +542,11 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
     /// may not wait cannot make).
     fn may_wait(&self) -> bool {
         self.inner.per_key.wait.is_some()
-            || self.inner.ceiling.as_ref().is_some_and(|ceiling| {
-                ceiling.config().wait.is_some() || ceiling.shared().has_cluster()
-            })
+            || self
+                .inner
+                .ceiling
+                .as_ref()
+                .is_some_and(|ceiling| ceiling.shared().may_wait())
     }
 
     /// The ceiling for all keys together, if there is one. A caller that

@@ -39,8 +39,7 @@ impl Readiness {
     #[inline]
     pub(crate) fn poll_ready(&mut self, bulkhead: &Bulkhead, cx: &mut Context<'_>) -> Poll<()> {
         if let Readiness::Idle = self {
-            let shared = bulkhead.shared();
-            if shared.config().wait.is_none() && !shared.has_cluster() {
+            if !bulkhead.shared().may_wait() {
                 return Poll::Ready(());
             }
         }
