@@ -486,7 +486,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         };
         let mut waiting = WaitingForCeiling::enter(&held.line, &held.bulkhead, &self.inner.turns);
         let mut ceiling =
-            granted(ceiling.acquire_in_place(waiting.turn.priority, waiting.turn.place)).await?;
+            granted(ceiling.acquire_in_place(waiting.turn.priority(), waiting.turn.place)).await?;
         waiting.served = true;
         drop(waiting);
         // Both still hold their slots, or neither is counted: a slot taken

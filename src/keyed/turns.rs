@@ -64,13 +64,22 @@ struct State {
 /// tag.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Turn {
-    /// -1 for a key below its share, 0 in turn: its priority in the
-    /// ceiling's metrics.
-    pub(crate) priority: i32,
-    /// Its place in the ceiling's line, lowest first.
+    /// Its place in the ceiling's line, lowest first: [`FIRST`] for a key
+    /// below its share.
     pub(crate) place: i64,
     tag: u64,
     cost: u64,
+}
+
+/// The place of a caller whose key is below its share: the head of the line.
+const FIRST: i64 = i64::MIN;
+
+impl Turn {
+    /// Its priority in the ceiling's metrics: -1 below its key's share, 0
+    /// in turn.
+    pub(crate) fn priority(&self) -> i32 {
+        -i32::from(self.place == FIRST)
+    }
 }
 
 impl Turns {
@@ -86,20 +95,16 @@ impl Turns {
         key.next_tag
             .store(tag.saturating_add(cost), Ordering::Relaxed);
         key.carry.store(owed % weight, Ordering::Relaxed);
-        let (priority, place) = if first {
-            (-1, i64::MIN)
+        let place = if first {
+            FIRST
         } else {
             // Past every `i32` priority: a caller of the ceiling itself, in
             // line by its own priority, goes ahead of the keys' turns.
-            let place = i64::try_from(tag).unwrap_or(i64::MAX);
-            (0, place.saturating_add(IN_TURN))
+            i64::try_from(tag)
+                .unwrap_or(i64::MAX)
+                .saturating_add(IN_TURN)
         };
-        Turn {
-            priority,
-            place,
-            tag,
-            cost,
-        }
+        Turn { place, tag, cost }
     }
 
     /// `turn`'s caller, of `key`, left the line: `served`, or gone (shed,
@@ -224,6 +229,6 @@ mod tests {
         assert!(first.place <= newcomer.place);
         let below_share = turns.enter(&late, 1, true);
         assert!(below_share.place < first.place);
-        assert_eq!((below_share.priority, newcomer.priority), (-1, 0));
+        assert_eq!((below_share.priority(), newcomer.priority()), (-1, 0));
     }
 }
