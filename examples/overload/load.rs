@@ -2,6 +2,7 @@
 //! own task, so a slow server cannot slow the offered load down (a closed
 //! loop, which waits for one response before sending the next, hides overload).
 
+pub(crate) use crate::demo::Status;
 use crate::demo::{HttpClient, Rng};
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
@@ -35,14 +36,6 @@ impl Arrivals {
             Arrivals::Paced => 1.0 / rate,
         }
     }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Status {
-    Ok,
-    Shed,
-    Failed,
-    TimedOut,
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -1,6 +1,7 @@
 //! The server under test: one axum handler standing in for a dependency,
 //! served behind each variant in turn.
 
+pub(crate) use crate::demo::serve;
 use crate::demo::Counted;
 use axum::error_handling::HandleErrorLayer;
 use axum::extract::{Request, State};
@@ -169,18 +170,6 @@ impl Variant {
 
 fn ours(limit: usize) -> Config {
     Config::new(limit, Duration::from_secs(30)).name("dependency")
-}
-
-/// Serves `app` on an ephemeral port of 127.0.0.1.
-pub(crate) async fn serve(app: Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind 127.0.0.1");
-    let addr = listener.local_addr().expect("local addr");
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app).await.expect("server");
-    });
-    (addr, server)
 }
 
 /// The trap: a limiting layer applied once *per connection*, as a hand-rolled

@@ -1,18 +1,47 @@
-//! What the overload and tenants demos share: a seeded generator, the HTTP
-//! client, a counter of calls in progress, and a quantile. Each demo takes
+//! What the overload and tenants demos share: the server's start, the HTTP
+//! client and what a request came to, a seeded generator, a counter of
+//! calls in progress, and a quantile. Each demo takes
 //! it in with `#[path = "../shared/demo.rs"] mod demo;`.
 
+use axum::Router;
 use bytes::Bytes;
 use http_body_util::Empty;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// Serves `app` on an ephemeral port of 127.0.0.1.
+pub(crate) async fn serve(app: Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind 127.0.0.1");
+    let addr = listener.local_addr().expect("local addr");
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app).await.expect("server");
+    });
+    (addr, server)
+}
 
 pub(crate) type HttpClient = Client<HttpConnector, Empty<Bytes>>;
 
 pub(crate) fn client() -> HttpClient {
     Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// What became of a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Status {
+    /// 200, its body read to the end, within the client's timeout.
+    Ok,
+    /// 503: shed by the layer.
+    Shed,
+    /// No answer within the client's timeout: the client gave up.
+    TimedOut,
+    /// Anything else: a connection error, another status.
+    Failed,
 }
 
 /// SplitMix64: a small seeded generator, so runs are repeatable.

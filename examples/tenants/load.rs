@@ -3,6 +3,7 @@
 //! server cannot slow the offered load down (a closed loop, which waits for
 //! one response before sending the next, hides overload).
 
+pub(crate) use crate::demo::Status;
 use crate::demo::{HttpClient, Rng};
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
@@ -18,18 +19,6 @@ pub(crate) struct Tenant {
     pub(crate) name: String,
     pub(crate) rate: f64,
     pub(crate) noisy: bool,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Status {
-    /// 200, its body read to the end, within the client's timeout.
-    Ok,
-    /// 503: shed by the layer.
-    Shed,
-    /// No answer within the client's timeout: the client gave up.
-    TimedOut,
-    /// Anything else: a connection error, another status.
-    Failed,
 }
 
 #[derive(Clone, Copy, Debug)]

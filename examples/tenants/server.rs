@@ -1,6 +1,7 @@
 //! The server under test: one axum handler standing in for a dependency
 //! shared by every tenant, behind each variant's layer in turn.
 
+pub(crate) use crate::demo::serve;
 use crate::demo::Counted;
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
@@ -10,11 +11,9 @@ use axum::Extension;
 use axum::Router;
 use http::request::Parts;
 use http::HeaderMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tower_inflight::http::HttpConcurrencyLayer;
 use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig, KeyedHttpConcurrencyLayer};
@@ -288,16 +287,4 @@ impl Setup {
             .wait(self.wait)
             .name("tenant")
     }
-}
-
-/// Serves `app` on an ephemeral port of 127.0.0.1.
-pub(crate) async fn serve(app: Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind 127.0.0.1");
-    let addr = listener.local_addr().expect("local addr");
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app).await.expect("server");
-    });
-    (addr, server)
 }
