@@ -3,9 +3,9 @@
 //! loop, which waits for one response before sending the next, hides overload).
 
 pub(crate) use crate::demo::Status;
-use crate::demo::{HttpClient, Rng};
-use http::{Request, StatusCode};
-use http_body_util::{BodyExt, Empty};
+use crate::demo::{self, HttpClient, Rng};
+use http::Request;
+use http_body_util::Empty;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::task::JoinSet;
@@ -99,16 +99,5 @@ async fn call(client: &HttpClient, addr: SocketAddr) -> Status {
     let request = Request::get(format!("http://{addr}/"))
         .body(Empty::new())
         .expect("a request");
-    let Ok(response) = client.request(request).await else {
-        return Status::Failed;
-    };
-    let status = response.status();
-    if response.into_body().collect().await.is_err() {
-        return Status::Failed;
-    }
-    match status {
-        StatusCode::OK => Status::Ok,
-        StatusCode::SERVICE_UNAVAILABLE => Status::Shed,
-        _ => Status::Failed,
-    }
+    demo::sent(client, request).await
 }

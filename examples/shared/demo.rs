@@ -5,7 +5,8 @@
 
 use axum::Router;
 use bytes::Bytes;
-use http_body_util::Empty;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use std::net::SocketAddr;
@@ -42,6 +43,23 @@ pub(crate) enum Status {
     TimedOut,
     /// Anything else: a connection error, another status.
     Failed,
+}
+
+/// Sends `request` and reads its response to the end: what it came to
+/// (the client's timeout is the caller's).
+pub(crate) async fn sent(client: &HttpClient, request: Request<Empty<Bytes>>) -> Status {
+    let Ok(response) = client.request(request).await else {
+        return Status::Failed;
+    };
+    let status = response.status();
+    if response.into_body().collect().await.is_err() {
+        return Status::Failed;
+    }
+    match status {
+        StatusCode::OK => Status::Ok,
+        StatusCode::SERVICE_UNAVAILABLE => Status::Shed,
+        _ => Status::Failed,
+    }
 }
 
 /// SplitMix64: a small seeded generator, so runs are repeatable.
