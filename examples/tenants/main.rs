@@ -1,14 +1,16 @@
 //! The tenants demo: per-tenant bulkheads on one real axum server.
 //!
-//! One handler on 127.0.0.1 stands in for a dependency that serves C = 24
-//! calls at once in 50 ms each: 480 calls/s. Six tenants share it, picked by
-//! an `x-tenant` header; a fair share is C / 6 = 4 calls at once, 80 calls/s.
-//! One noisy tenant offers ten times its share (800/s), five quiet tenants
-//! half of theirs (40/s each), all with Poisson arrivals from an open-loop
-//! generator. The same load meets each layer in turn:
+//! One handler on 127.0.0.1 stands in for a dependency that serves C = 96
+//! calls at once in 100 ms ± 30 % each: 960 calls/s. Six tenants share it,
+//! picked by an `x-tenant` header; a fair share is C / 6 = 16 calls at once,
+//! 160 calls/s. One noisy tenant offers ten times its share (1,600/s), five
+//! quiet tenants half of theirs (80/s each), all with Poisson arrivals from
+//! an open-loop generator. (`--capacity`, `--service-ms` and `--jitter`
+//! change the dependency, and every rate with it.) The same load meets each
+//! layer in turn:
 //!
 //! - `keyed`: a `KeyedHttpConcurrencyLayer`, each tenant limited to C (it may
-//!   borrow all idle capacity), a ceiling of C for all, 4 slots of it
+//!   borrow all idle capacity), a ceiling of C for all, C / 6 slots of it
 //!   guaranteed to each tenant;
 //! - `shared`: one `HttpConcurrencyLayer` of C for everyone;
 //! - `per_tenant_no_ceiling`: C per tenant and no ceiling;
@@ -41,10 +43,17 @@ use std::time::Duration;
 use svg::{Figure, Panel};
 use tower_inflight::keyed::KeyedBulkhead;
 
-/// C: the dependency's calls at once.
-const CAPACITY: usize = 24;
-/// The dependency's time a call, at or under C calls inside.
-const SERVICE: Duration = Duration::from_millis(50);
+/// C, the dependency's calls at once, unless `--capacity` says otherwise.
+const CAPACITY: usize = 96;
+/// The dependency's mean time a call, at or under C calls inside, unless
+/// `--service-ms` says otherwise.
+const SERVICE: Duration = Duration::from_millis(100);
+/// How far each call's time strays from the mean, unless `--jitter` says
+/// otherwise: drawn evenly from `SERVICE × (1 ± JITTER)`.
+const JITTER: f64 = 0.3;
+/// The most `--capacity` takes: past it, one machine's HTTP client and
+/// server would be measured more than the layers.
+const MAX_CAPACITY: usize = 1_024;
 const QUIET_TENANTS: usize = 5;
 const TENANTS: usize = QUIET_TENANTS + 1;
 /// The noisy tenant's offered load, in fair shares.
@@ -66,6 +75,10 @@ const TARGET_GOODPUT: f64 = 98.0;
 
 struct Options {
     quick: bool,
+    /// C: the dependency's calls at once.
+    capacity: usize,
+    /// The dependency's mean time a call, at or under C calls inside.
+    service: Duration,
     seconds: f64,
     wait: Duration,
     jitter: f64,
@@ -77,14 +90,17 @@ struct Options {
 fn options() -> Options {
     let mut options = Options {
         quick: false,
+        capacity: CAPACITY,
+        service: SERVICE,
         seconds: 5.0,
         wait: Duration::from_millis(100),
-        jitter: 0.0,
-        noisy_limit: CAPACITY,
+        jitter: JITTER,
+        noisy_limit: 0,
         seed: 1,
         out: PathBuf::from("target/tenants"),
     };
     let mut seconds = None;
+    let mut noisy_limit = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || {
@@ -100,7 +116,9 @@ fn options() -> Options {
             "--seconds" => seconds = Some(fraction(&value(), "--seconds")),
             "--wait-ms" => options.wait = Duration::from_millis(number(&value())),
             "--jitter" => options.jitter = fraction(&value(), "--jitter"),
-            "--noisy-limit" => options.noisy_limit = number(&value()) as usize,
+            "--capacity" => options.capacity = number(&value()) as usize,
+            "--service-ms" => options.service = Duration::from_millis(number(&value())),
+            "--noisy-limit" => noisy_limit = Some(number(&value()) as usize),
             "--seed" => options.seed = number(&value()),
             "--out" => options.out = PathBuf::from(value()),
             other => usage(&format!("unknown option {other:?}")),
@@ -110,8 +128,17 @@ fn options() -> Options {
     if options.seconds <= 2.0 * WARM_UP {
         usage("--seconds must be more than 0.5");
     }
-    if !(1..=CAPACITY).contains(&options.noisy_limit) {
-        usage("--noisy-limit must be 1 ..= 24");
+    if !(TENANTS..=MAX_CAPACITY).contains(&options.capacity) {
+        usage(&format!("--capacity must be {TENANTS} ..= {MAX_CAPACITY}"));
+    }
+    // Above 500 ms, a call that waited its budget and took its longest
+    // would meet the client's timeout of 1 s.
+    if !(1..=500).contains(&options.service.as_millis()) {
+        usage("--service-ms must be 1 ..= 500");
+    }
+    options.noisy_limit = noisy_limit.unwrap_or(options.capacity);
+    if !(1..=options.capacity).contains(&options.noisy_limit) {
+        usage("--noisy-limit must be 1 ..= the capacity");
     }
     if !(0.0..1.0).contains(&options.jitter) {
         usage("--jitter must be at least 0 and under 1");
@@ -135,18 +162,21 @@ fn fraction(text: &str, option: &str) -> f64 {
 const USAGE: &str = "\
 usage: tenants [OPTIONS]
 
-Serves one axum handler (a stand-in dependency: 24 calls at once, 50 ms each) to six
-tenants, one noisy (10x its fair share) and five quiet (half of theirs), behind each
-layer in turn: keyed (per tenant, with a ceiling and guaranteed shares), shared (one
-bulkhead), per_tenant_no_ceiling, and keyed with the quiet tenants alone.
+Serves one axum handler (a stand-in dependency: C calls at once, each taking a time
+drawn around a mean) to six tenants, one noisy (10x its fair share of C / 6) and five
+quiet (half of theirs), behind each layer in turn: keyed (per tenant, with a ceiling
+and guaranteed shares), shared (one bulkhead), per_tenant_no_ceiling, and keyed with
+the quiet tenants alone.
 
 options [default]:
   --quick          a shorter run, for CI: 2 s a variant; its files are named quick-*,
                    so it never overwrites a full run's files
   --seconds S      seconds of load per variant [5, or 2 with --quick]
+  --capacity N     C, the dependency's calls at once, 6 ..= 1024 [96]
+  --service-ms N   the dependency's mean time a call, 1 ..= 500 [100]
   --wait-ms N      every wait budget (a tenant's, the ceiling's, the shared bulkhead's) [100]
-  --jitter F       each call's service time drawn evenly from 50 ms x (1 +- F), F < 1 [0]
-  --noisy-limit N  the noisy tenant's own limit under keyed, 1 ..= 24 [24]
+  --jitter F       each call's time drawn evenly from the mean x (1 +- F), F < 1 [0.3]
+  --noisy-limit N  the noisy tenant's own limit under keyed, 1 ..= C [C]
   --seed N         the seed of the arrival schedule [1]
   --out DIR        where the files go [target/tenants]
   -h, --help       this text
@@ -165,6 +195,8 @@ fn usage(problem: &str) -> ! {
 /// How one variant fared.
 struct Report {
     variant: Variant,
+    /// C, the dependency's calls at once.
+    c: usize,
     quiet: Class,
     /// All zero when the noisy tenant sent nothing.
     noisy: Class,
@@ -187,11 +219,12 @@ struct Report {
 async fn main() {
     let options = options();
     std::fs::create_dir_all(&options.out).expect("create the output folder");
-    let nominal = CAPACITY as f64 / SERVICE.as_secs_f64();
+    let (c, service) = (options.capacity, options.service);
+    let nominal = c as f64 / service.as_secs_f64();
     let share = nominal / TENANTS as f64;
     let setup = Setup {
-        capacity: CAPACITY,
-        guarantee: CAPACITY / TENANTS,
+        capacity: c,
+        guarantee: c / TENANTS,
         noisy_limit: options.noisy_limit,
         wait: options.wait,
     };
@@ -206,7 +239,7 @@ async fn main() {
         noisy: false,
     }));
     println!(
-        "dependency: {CAPACITY} calls at once, {SERVICE:?} a call{}: {nominal:.0} calls/s nominal",
+        "dependency: {c} calls at once, {service:?} a call{}: {nominal:.0} calls/s nominal",
         if options.jitter > 0.0 {
             format!(" (each drawn from +-{:.0}%)", options.jitter * 100.0)
         } else {
@@ -220,13 +253,13 @@ async fn main() {
         options.seed,
         options.seconds
     );
-    let noisy_limit = if options.noisy_limit < CAPACITY {
+    let noisy_limit = if options.noisy_limit < c {
         format!(" (the noisy one {} under keyed)", options.noisy_limit)
     } else {
         String::new()
     };
     println!(
-        "layers: limit {CAPACITY} per tenant{noisy_limit} and for the ceiling or the shared bulkhead, {} guaranteed per tenant, every wait budget {:?}; client timeout {CLIENT_TIMEOUT:?}",
+        "layers: limit {c} per tenant{noisy_limit} and for the ceiling or the shared bulkhead, {} guaranteed per tenant, every wait budget {:?}; client timeout {CLIENT_TIMEOUT:?}",
         setup.guarantee, options.wait
     );
     print_header();
@@ -266,7 +299,7 @@ async fn run(
     variant: Variant,
 ) -> Report {
     let seconds = Duration::from_secs_f64(options.seconds);
-    let dependency = Dependency::new(CAPACITY, SERVICE, options.jitter);
+    let dependency = Dependency::new(options.capacity, options.service, options.jitter);
     let (app, keyed) = variant.app(setup, dependency.clone());
     let (addr, server) = server::serve(app).await;
     let offered: Vec<Tenant> = tenants
@@ -297,8 +330,10 @@ async fn run(
     };
     let (quiet, noisy) = (class(false), class(true));
     let record = dependency.take_record();
-    let real_service = record.real_service(SERVICE).unwrap_or(SERVICE);
-    let capacity = CAPACITY as f64 / real_service.as_secs_f64();
+    let real_service = record
+        .real_service(options.service)
+        .unwrap_or(options.service);
+    let capacity = options.capacity as f64 / real_service.as_secs_f64();
     let mut quiet_waits: Vec<Duration> = record
         .waits
         .iter()
@@ -307,6 +342,7 @@ async fn run(
         .collect();
     Report {
         variant,
+        c: options.capacity,
         quiet,
         noisy,
         capacity,
@@ -430,8 +466,8 @@ fn print_report(report: &Report) {
     }
     let indent = "";
     println!(
-        "{indent:<22} total goodput {:.1}% of capacity ({:.0}/s); inside the dependency: peak {} (C = {CAPACITY}), mean {:.1}",
-        report.goodput, report.capacity, report.peak_inside, report.mean_inside
+        "{indent:<22} total goodput {:.1}% of capacity ({:.0}/s); inside the dependency: peak {} (C = {}), mean {:.1}",
+        report.goodput, report.capacity, report.peak_inside, report.c, report.mean_inside
     );
     println!(
         "{indent:<22} quiet tenants' wait in the layer (server side): p50 {}, p99 {}",
@@ -499,7 +535,10 @@ fn print_legend() {
             "capacity",
             "C / the mean time a call took inside the dependency (a sleep rounds up to",
         ),
-        ("", "the timer's next millisecond: a little under 480/s)"),
+        (
+            "",
+            "the timer's next millisecond: a little under the nominal rate)",
+        ),
         (
             "wait",
             "from the server's outermost middleware to the handler: time spent in the layer",
@@ -568,8 +607,9 @@ fn p99_over_alone(report: &Report, alone: &Report) -> f64 {
 fn result_line(report: &Report) -> String {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     format!(
-        "RESULT variant={} c={CAPACITY} quiet_success={:.2} quiet_p50_ms={:.2} quiet_p99_ms={:.2} quiet_wait_p99_ms={:.2} noisy_success={:.2} noisy_p99_ms={:.2} goodput_pct={:.2} capacity_per_s={:.1} peak_inside={}",
+        "RESULT variant={} c={} quiet_success={:.2} quiet_p50_ms={:.2} quiet_p99_ms={:.2} quiet_wait_p99_ms={:.2} noisy_success={:.2} noisy_p99_ms={:.2} goodput_pct={:.2} capacity_per_s={:.1} peak_inside={}",
         report.variant.label(),
+        report.c,
         report.quiet.success,
         ms(report.quiet.p50),
         ms(report.quiet.p99),
@@ -641,8 +681,8 @@ fn figure(options: &Options, reports: &[Report], tenants: &[Tenant]) -> Figure {
     };
     Figure {
         title: format!(
-            "1 noisy tenant at {:.0}/s, {QUIET_TENANTS} quiet at {:.0}/s each, on a dependency of {CAPACITY} calls at once, {:?} each{jitter}",
-            tenants[0].rate, tenants[1].rate, SERVICE
+            "1 noisy tenant at {:.0}/s, {QUIET_TENANTS} quiet at {:.0}/s each, on a dependency of {} calls at once, {:?} each{jitter}",
+            tenants[0].rate, tenants[1].rate, options.capacity, options.service
         ),
         groups: reports
             .iter()
@@ -687,7 +727,8 @@ fn figure(options: &Options, reports: &[Report], tenants: &[Tenant]) -> Figure {
             },
         ],
         note: format!(
-            "peak calls inside the dependency (C = {CAPACITY}): {}; {} s a variant, seed {}, every wait budget {:?}",
+            "peak calls inside the dependency (C = {}): {}; {} s a variant, seed {}, every wait budget {:?}",
+            options.capacity,
             peaks.join(", "),
             options.seconds,
             options.seed,

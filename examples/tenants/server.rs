@@ -120,10 +120,10 @@ struct Arrived(Instant);
 /// dependency's throughput at `capacity / service` however many are let in:
 /// past its capacity, letting more in only makes every call slower.
 ///
-/// With `--jitter`, each call's time is also drawn evenly from
-/// `service × (1 ± jitter)`: the mean, and so the capacity, stay the same.
-/// (By default every call takes the same time, as the model has it;
-/// `docs/tenants.md` says what that does to the waits behind a full ceiling.)
+/// Each call's time is also drawn evenly from `service × (1 ± jitter)`
+/// (`--jitter`): the mean, and so the capacity, stay the same. With
+/// `--jitter 0` every call takes the same time; `docs/tenants.md` says what
+/// that does to the waits behind a full ceiling.
 async fn handler(
     State(dependency): State<Arc<Dependency>>,
     Extension(arrived): Extension<Arrived>,
