@@ -8,14 +8,15 @@
 //! cargo run --release --example cluster --features redis -- --redis redis://127.0.0.1:6379/
 //! ```
 //!
-//! Options: `--seconds S` (4 per run), `--route-ms N` (50), `--json` (a last
-//! line for tests). It needs `redis-server` on `PATH` unless `--redis` is
-//! given. It exits with an error if the ceiling is ever exceeded inside the
-//! route, if a call fails, or if the ceiling is left idle: goodput under it
-//! below 80 % of what 10 slots can serve. (Released on an idle machine it
-//! serves 98.5 % or more; the floor is lower so that a debug build on a
-//! loaded machine, where every lease's round trip waits for a core, still
-//! passes, while leases that leak or stall fail it.)
+//! Options: `--seconds S` (4 per run), `--route-ms N` (50), `--min-goodput F`
+//! (0.95), `--json` (a last line for tests). It needs `redis-server` on
+//! `PATH` unless `--redis` is given. It exits with an error if the ceiling
+//! is ever exceeded inside the route, if a call fails, or if goodput under
+//! the ceiling is below `--min-goodput` of what 10 slots can serve (a
+//! release build on an idle machine serves 98.5 % or more). Goodput is the
+//! demo's figure, and a coarse check: a ceiling left idle, or slots handed
+//! on slowly, shows in it, where a lease or two lost in a run may not
+//! (`tests/cluster.rs` counts leases exactly).
 //!
 //! Each replica runs 16 workers that call the dependency as fast as their
 //! bulkhead lets them, waiting up to a second for a slot. The dependency
@@ -44,9 +45,6 @@ const REPLICAS: usize = 4;
 const LOCAL_LIMIT: usize = 8;
 const CEILING: usize = 10;
 const WORKERS: usize = 16;
-/// Goodput under the ceiling below which the run fails: the ceiling was
-/// left idle (see the module's comment for why not 98 %).
-const BUSY_FLOOR: f64 = 0.8;
 
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
@@ -98,6 +96,13 @@ struct Route {
 async fn parent() -> i32 {
     let seconds = number("--seconds", 4);
     let route_time = Duration::from_millis(number("--route-ms", 50));
+    let min_goodput = arg("--min-goodput").map_or(0.95, |value| {
+        value
+            .parse::<f64>()
+            .ok()
+            .filter(|fraction| (0.0..=1.0).contains(fraction))
+            .unwrap_or_else(|| panic!("--min-goodput takes a fraction from 0 to 1, not {value:?}"))
+    });
     let _own_redis;
     let redis_url = match arg("--redis") {
         Some(url) => url,
@@ -165,7 +170,7 @@ async fn parent() -> i32 {
             run.errors,
         );
         if let (Some(ceiling), Some(goodput)) = (ceiling, goodput) {
-            if run.peak > ceiling || goodput < BUSY_FLOOR || run.errors > 0 {
+            if run.peak > ceiling || goodput < min_goodput || run.errors > 0 {
                 failed = true;
             }
             summary = format!(
@@ -187,7 +192,7 @@ async fn parent() -> i32 {
     if failed {
         eprintln!(
             "the ceiling did not hold, a call failed, or goodput under it was below {:.0} %",
-            BUSY_FLOOR * 100.0
+            min_goodput * 100.0
         );
         1
     } else {

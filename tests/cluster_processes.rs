@@ -46,6 +46,12 @@ fn four_replicas_never_exceed_the_ceiling_and_keep_it_busy() {
     let server = RedisServer::start();
     let output = Command::new(example())
         .args(["--redis", &server.url(), "--seconds", "3", "--json"])
+        // Kept busy, a coarse check (the example fails under it): a debug
+        // build on a loaded machine serves less than the demo's 95 % (every
+        // lease's round trip waits for a core), and a ceiling left idle, or
+        // slots handed on slowly, serves much less. Leases are counted
+        // exactly in `tests/cluster.rs`.
+        .args(["--min-goodput", "0.8"])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -61,11 +67,6 @@ fn four_replicas_never_exceed_the_ceiling_and_keep_it_busy() {
         field(summary, "peak") <= field(summary, "ceiling"),
         "{stdout}"
     );
-    // Kept busy: leases that leaked or stalled would leave slots of the
-    // ceiling idle for the rest of the run (the lease is 30 s). How busy is
-    // a figure of the demo's, not a test's: a debug build on a loaded
-    // machine loses some of it to scheduling.
-    assert!(field(summary, "goodput") >= 0.8, "{stdout}");
     assert_eq!(field(summary, "errors"), 0.0, "{stdout}");
 }
 
