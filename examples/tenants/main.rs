@@ -51,9 +51,10 @@ const SERVICE: Duration = Duration::from_millis(100);
 /// How far each call's time strays from the mean, unless `--jitter` says
 /// otherwise: drawn evenly from `SERVICE × (1 ± JITTER)`.
 const JITTER: f64 = 0.3;
-/// The most `--capacity` takes: past it, one machine's HTTP client and
-/// server would be measured more than the layers.
-const MAX_CAPACITY: usize = 1_024;
+/// The most calls a second the dependency may serve (C over its mean time a
+/// call): past it, one machine's HTTP client and server, sending nearly
+/// twice that, would be measured more than the layers.
+const MAX_RATE: f64 = 2_000.0;
 const QUIET_TENANTS: usize = 5;
 const TENANTS: usize = QUIET_TENANTS + 1;
 /// The noisy tenant's offered load, in fair shares.
@@ -116,34 +117,56 @@ fn options() -> Options {
             "--seconds" => seconds = Some(fraction(&value(), "--seconds")),
             "--wait-ms" => options.wait = Duration::from_millis(number(&value())),
             "--jitter" => options.jitter = fraction(&value(), "--jitter"),
-            "--capacity" => options.capacity = number(&value()) as usize,
+            "--capacity" => options.capacity = count(&value()),
             "--service-ms" => options.service = Duration::from_millis(number(&value())),
-            "--noisy-limit" => noisy_limit = Some(number(&value()) as usize),
+            "--noisy-limit" => noisy_limit = Some(count(&value())),
             "--seed" => options.seed = number(&value()),
             "--out" => options.out = PathBuf::from(value()),
             other => usage(&format!("unknown option {other:?}")),
         }
     }
     options.seconds = seconds.unwrap_or(if options.quick { 2.0 } else { 5.0 });
-    if options.seconds <= 2.0 * WARM_UP {
-        usage("--seconds must be more than 0.5");
+    if !(2.0 * WARM_UP < options.seconds && options.seconds <= 600.0) {
+        usage("--seconds must be more than 0.5 and at most 600");
     }
-    if !(TENANTS..=MAX_CAPACITY).contains(&options.capacity) {
-        usage(&format!("--capacity must be {TENANTS} ..= {MAX_CAPACITY}"));
+    if options.capacity < TENANTS {
+        usage(&format!(
+            "--capacity must be at least {TENANTS}: a share is C / {TENANTS}"
+        ));
     }
-    // Above 500 ms, a call that waited its budget and took its longest
-    // would meet the client's timeout of 1 s.
-    if !(1..=500).contains(&options.service.as_millis()) {
-        usage("--service-ms must be 1 ..= 500");
+    // Goodput is counted from `WARM_UP` on, when the dependency is full.
+    if !(1..=250).contains(&options.service.as_millis()) {
+        usage("--service-ms must be 1 ..= 250");
+    }
+    if options.capacity as f64 / options.service.as_secs_f64() > MAX_RATE {
+        usage(&format!(
+            "--capacity over --service-ms (in seconds) must be at most {MAX_RATE} calls/s"
+        ));
     }
     options.noisy_limit = noisy_limit.unwrap_or(options.capacity);
     if !(1..=options.capacity).contains(&options.noisy_limit) {
         usage("--noisy-limit must be 1 ..= the capacity");
     }
-    if !(0.0..1.0).contains(&options.jitter) {
-        usage("--jitter must be at least 0 and under 1");
+    // Past 0.9, a call's time may round to nothing.
+    if !(0.0..=0.9).contains(&options.jitter) {
+        usage("--jitter must be from 0 to 0.9");
+    }
+    // A request may wait its budget twice (its tenant's slot, then the
+    // ceiling's) before its call: all of it must fit in the client's
+    // timeout, or the layers would be judged by the client.
+    let longest =
+        options.wait.as_secs_f64() * 2.0 + options.service.as_secs_f64() * (1.0 + options.jitter);
+    if longest >= CLIENT_TIMEOUT.as_secs_f64() {
+        usage(&format!(
+            "twice --wait-ms plus the longest call must be under the client's timeout of {CLIENT_TIMEOUT:?}"
+        ));
     }
     options
+}
+
+fn count(text: &str) -> usize {
+    text.parse()
+        .unwrap_or_else(|_| usage(&format!("{text:?} is not a whole number")))
 }
 
 fn number(text: &str) -> u64 {
@@ -172,10 +195,12 @@ options [default]:
   --quick          a shorter run, for CI: 2 s a variant; its files are named quick-*,
                    so it never overwrites a full run's files
   --seconds S      seconds of load per variant [5, or 2 with --quick]
-  --capacity N     C, the dependency's calls at once, 6 ..= 1024 [96]
-  --service-ms N   the dependency's mean time a call, 1 ..= 500 [100]
+  --capacity N     C, the dependency's calls at once, at least 6 [96]
+  --service-ms N   the dependency's mean time a call, 1 ..= 250 [100];
+                   C / its time must be at most 2000 calls/s
   --wait-ms N      every wait budget (a tenant's, the ceiling's, the shared bulkhead's) [100]
-  --jitter F       each call's time drawn evenly from the mean x (1 +- F), F < 1 [0.3]
+                   twice it, plus the longest call, must be under the client's 1 s
+  --jitter F       each call's time drawn evenly from the mean x (1 +- F), F <= 0.9 [0.3]
   --noisy-limit N  the noisy tenant's own limit under keyed, 1 ..= C [C]
   --seed N         the seed of the arrival schedule [1]
   --out DIR        where the files go [target/tenants]

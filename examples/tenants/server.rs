@@ -50,16 +50,17 @@ pub(crate) struct Record {
     /// Each call's tenant, and how long it waited in the layer: from the
     /// outermost middleware to the handler.
     pub(crate) waits: Vec<(String, Duration)>,
-    /// What a call's sleep really took, over what it asked for, summed:
+    /// What the calls' sleeps asked for, and what they really took, summed:
     /// timers round up, so the stand-in is a little slower than nominal.
-    overrun_sum: f64,
-    calls: u64,
+    asked: Duration,
+    taken: Duration,
 }
 
 impl Record {
     /// How long a call of nominal `service` really takes, on the mean.
     pub(crate) fn real_service(&self, service: Duration) -> Option<Duration> {
-        (self.calls > 0).then(|| service.mul_f64(self.overrun_sum / self.calls as f64))
+        (!self.asked.is_zero())
+            .then(|| service.mul_f64(self.taken.as_secs_f64() / self.asked.as_secs_f64()))
     }
 }
 
@@ -137,7 +138,7 @@ async fn handler(
     let asked = dependency.service.mul_f64(stretch);
     let start = Instant::now();
     tokio::time::sleep(asked).await;
-    let overrun = start.elapsed().as_secs_f64() / asked.as_secs_f64();
+    let taken = start.elapsed();
     let tenant = headers
         .get("x-tenant")
         .and_then(|tenant| tenant.to_str().ok())
@@ -145,8 +146,8 @@ async fn handler(
         .to_owned();
     let mut record = dependency.record.lock().expect("the record");
     record.waits.push((tenant, waited));
-    record.overrun_sum += overrun;
-    record.calls += 1;
+    record.asked += asked;
+    record.taken += taken;
     "ok"
 }
 
