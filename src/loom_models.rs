@@ -9,7 +9,7 @@
 use crate::bulkhead::{Clock, ManualClock};
 use crate::slots::SlotTable;
 use crate::sync::{Arc, AtomicUsize, Ordering};
-use crate::wait::{Arrival, Waiters};
+use crate::wait::{Arrival, MovablePlace, QueueOrder, Waiters};
 use loom::thread;
 
 const HOLD: u64 = 10;
@@ -186,7 +186,7 @@ fn waiter_meets_a_release(limit: usize, weight: usize) {
                 waiters.after_release(&table, &Clock::Manual(ManualClock::new()));
             })
         };
-        let arrival = waiters.arrive(&table, 1, None, crate::Ticket::new().weight(weight));
+        let arrival = waiters.arrive(&table, 1, None, crate::Ticket::new().weight(weight), None);
         releaser.join().unwrap();
         let got_slots = match &arrival {
             Arrival::Admitted(_) => true,
@@ -196,6 +196,42 @@ fn waiter_meets_a_release(limit: usize, weight: usize) {
         assert!(got_slots, "the waiter parked although its slots came free");
         assert_eq!(waiters.parked(), 0);
         assert_eq!(table.held(1), weight);
+    });
+}
+
+/// A caller comes to a line ordered by priority at a place its owner moves
+/// meanwhile, from behind another caller to ahead of it: whichever goes
+/// first, the caller ends up at the moved place, and the slot freed next
+/// goes to it. (A move that missed a caller coming to the line would leave
+/// it behind.)
+#[test]
+fn loom_a_move_and_an_arrival_never_miss_each_other() {
+    loom::model(|| {
+        let table = Arc::new(SlotTable::new(1, HOLD, None));
+        let waiters = Arc::new(Waiters::new(QueueOrder::PriorityFifo));
+        let held = table.try_claim(1, Ordering::Relaxed).unwrap();
+        let Arrival::Parked(other) =
+            waiters.arrive(&table, 1, None, crate::Ticket::new().priority(5), None)
+        else {
+            panic!("the other caller parks: the only slot is held");
+        };
+        let movable = Arc::new(MovablePlace::new(10));
+        let mover = {
+            let (waiters, movable) = (waiters.clone(), movable.clone());
+            thread::spawn(move || waiters.move_in_line(&movable, 1))
+        };
+        let arrival = waiters.arrive(&table, 1, None, crate::Ticket::new(), Some(&movable));
+        mover.join().unwrap();
+        let Arrival::Parked(moved) = arrival else {
+            panic!("the moved caller parks: the only slot is held");
+        };
+        table.release(&held);
+        waiters.after_release(&table, &Clock::Manual(ManualClock::new()));
+        assert!(
+            moved.is_granted(),
+            "the freed slot went behind the moved caller"
+        );
+        assert!(!other.is_granted());
     });
 }
 

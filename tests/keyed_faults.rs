@@ -1,7 +1,8 @@
 //! Faults of keyed bulkheads found by an adversarial reading, each a
 //! promise of the docs (or a plain invariant) that an earlier version
 //! broke: races between the first calls of a new key, callers that gave up
-//! moving their key's turn back, weights rounded away, admissions counted
+//! moving their key's turn back (or its callers still in line), weights
+//! rounded away, admissions counted
 //! twice (also for a call the ceiling shed after it waited), a status call
 //! or a panicking `Hash` pinning keys, a leaked
 //! permit's gauge outliving its key, and sheds for too many keys counted
@@ -9,8 +10,8 @@
 #![cfg(all(feature = "metrics", feature = "axum"))]
 
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_inflight::keyed::{KeyedBulkhead, KeyedConcurrencyLayer, KeyedConfig};
@@ -568,5 +569,156 @@ fn a_call_shed_for_too_many_keys_is_counted_in_the_metrics() {
     assert_eq!(
         counted, 3,
         "3 calls shed with TooManyKeys; the too_many_keys series say {series:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Callers of a key that hang up while a later caller of the same key waits
+//    for the ceiling: their places stayed ahead of it (turns.rs `leave`
+//    gave the cost back to the key's next caller only).
+// ---------------------------------------------------------------------------
+
+/// Lets the spawned callers come to the line.
+async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Key "a" has 8 callers in the ceiling's line; the first 7 hang up, so "a"
+/// has one caller (a8) waiting. Then "b" queues 7 callers and "a" one more
+/// (a9). a8 should be served first or second, and before its own key's a9.
+/// It was served last, behind all seven of b's and behind a9 (["b1", "b2",
+/// "a9", "b3", ..., "b7", "a8"]): a caller that gave up gave its cost back
+/// to its key's next caller, and none to the key's callers still in line.
+#[tokio::test(start_paused = true)]
+async fn a_caller_whose_earlier_key_mates_were_cancelled_keeps_its_turn() {
+    let wait = Duration::from_secs(10);
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(8, LONG).wait(wait)).ceiling(Config::new(8, LONG).wait(wait)),
+    );
+    let mut held: Vec<_> = (0..8)
+        .map(|_| keyed.try_acquire(&"holder").unwrap())
+        .collect();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let spawn = |key: &'static str, name: String| {
+        let (keyed, order) = (keyed.clone(), order.clone());
+        tokio::spawn(async move {
+            let permit = keyed.acquire(&key).await.unwrap();
+            order.lock().unwrap().push(name);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            drop(permit);
+        })
+    };
+    // Eight callers of "a" wait; the first seven hang up.
+    let mut a: Vec<_> = Vec::new();
+    for i in 1..=8 {
+        a.push(spawn("a", format!("a{i}")));
+        settle().await;
+    }
+    let last_a = a.pop().unwrap();
+    for task in a {
+        task.abort();
+    }
+    settle().await;
+    assert_eq!(keyed.ceiling().unwrap().waiting(), 1);
+    let mut tasks = vec![last_a];
+    for i in 1..=7 {
+        tasks.push(spawn("b", format!("b{i}")));
+        settle().await;
+    }
+    // A later caller of "a".
+    tasks.push(spawn("a", "a9".into()));
+    settle().await;
+    let one = held.pop().unwrap();
+    drop(one);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    drop(held);
+    let order = order.lock().unwrap().clone();
+    let a8 = order.iter().position(|k| k == "a8").unwrap();
+    let a9 = order.iter().position(|k| k == "a9").unwrap();
+    assert!(
+        a8 <= 1 && a8 < a9,
+        "a8 (its key's only caller in line) served at {a8}, after its key's later a9 at {a9}: {order:?}"
+    );
+}
+
+/// With weights at their extremes (0, held to 1, and usize::MAX, held to
+/// 64): a light key's one caller in line, whose seven earlier key-mates
+/// hung up, should get its turn within about 65 of the heavy key's turns,
+/// as it does with nobody cancelled. Each key-mate that hung up left its 64
+/// units ahead of it (448 heavy turns), and it was shed `WaitExpired` after
+/// 301 heavy turns although its key had a single caller waiting throughout.
+#[tokio::test(start_paused = true)]
+async fn cancelled_key_mates_push_a_light_caller_past_its_wait() {
+    let wait = Duration::from_millis(300);
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(8, LONG).wait(wait))
+            .ceiling(Config::new(8, LONG).wait(wait))
+            .weight_per_key(|key: &&str| if *key == "heavy" { usize::MAX } else { 0 }),
+    );
+    let mut held: Vec<_> = (0..8)
+        .map(|_| keyed.try_acquire(&"holder").unwrap())
+        .collect();
+    let mut light = Vec::new();
+    for _ in 0..8 {
+        let keyed = keyed.clone();
+        light.push(tokio::spawn(async move {
+            keyed
+                .acquire(&"light")
+                .await
+                .map(drop)
+                .map_err(|e| e.reason())
+        }));
+        settle().await;
+    }
+    let survivor = light.pop().unwrap();
+    for task in light {
+        task.abort();
+    }
+    settle().await;
+    // The heavy key keeps eight callers in line: one more each time one is served.
+    let served = Arc::new(AtomicUsize::new(0));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let heavy = {
+        let (keyed, served) = (keyed.clone(), served.clone());
+        move |tx: tokio::sync::mpsc::UnboundedSender<()>| {
+            let (keyed, served) = (keyed.clone(), served.clone());
+            tokio::spawn(async move {
+                if let Ok(permit) = keyed.acquire(&"heavy").await {
+                    served.fetch_add(1, Ordering::SeqCst);
+                    let _ = tx.send(());
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    drop(permit);
+                }
+            })
+        }
+    };
+    for _ in 0..7 {
+        heavy(tx.clone());
+        settle().await;
+    }
+    drop(held.pop());
+    let refill = tokio::spawn({
+        let tx = tx.clone();
+        let heavy = heavy.clone();
+        async move {
+            let mut tasks = Vec::new();
+            while rx.recv().await.is_some() {
+                if tasks.len() < 400 {
+                    tasks.push(heavy(tx.clone()));
+                }
+            }
+        }
+    });
+    let outcome = survivor.await.unwrap();
+    let before = served.load(Ordering::SeqCst);
+    refill.abort();
+    drop(held);
+    assert!(
+        outcome.is_ok() && before <= 70,
+        "the light key's only caller in line: {outcome:?} after {before} heavy turns"
     );
 }

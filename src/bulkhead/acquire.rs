@@ -4,7 +4,7 @@ use crate::bulkhead::{Granted, Leasing, Permit, Shared};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::sync::Arc;
 use crate::ticket::Ticket;
-use crate::wait::{Arrival, Left, Node, SaturationSignal, Verdict, WaitEnd};
+use crate::wait::{Arrival, Left, MovablePlace, Node, SaturationSignal, Verdict, WaitEnd};
 use pin_project_lite::pin_project;
 use std::fmt;
 use std::future::Future;
@@ -25,6 +25,9 @@ pin_project! {
         // When the caller arrived, if its bulkhead has a cluster ceiling:
         // a lease may be asked for until its `wait` budget is spent.
         arrived: Option<tokio::time::Instant>,
+        // A place in line that its owner may move (see `MovablePlace`), in
+        // place of the ticket's.
+        movable: Option<Arc<MovablePlace>>,
         #[pin]
         state: State,
     }
@@ -81,8 +84,16 @@ impl Acquire {
             ticket,
             bytes: 0,
             arrived: None,
+            movable: None,
             state: State::Arriving,
         }
+    }
+
+    /// The caller goes to the line at `movable`'s place, which its owner
+    /// may move while it waits.
+    pub(crate) fn in_movable_place(mut self, movable: Arc<MovablePlace>) -> Self {
+        self.movable = Some(movable);
+        self
     }
 
     /// The permit also takes `bytes` of the byte budget, once it has its
@@ -137,6 +148,7 @@ impl Acquire {
                         shared.now(),
                         shared.config().max_waiting,
                         *this.ticket,
+                        this.movable.as_deref(),
                     );
                     let node = match arrival {
                         Arrival::Parked(node) => node,

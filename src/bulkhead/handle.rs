@@ -9,7 +9,7 @@ use crate::observe::Status;
 use crate::slots::Claim;
 use crate::sync::Arc;
 use crate::ticket::Ticket;
-use crate::wait::SaturationSignal;
+use crate::wait::{MovablePlace, SaturationSignal};
 use std::fmt;
 use std::time::Duration;
 
@@ -188,13 +188,21 @@ impl Bulkhead {
     }
 
     /// [`acquire_with_priority`](Self::acquire_with_priority), going to
-    /// `place` in a line ordered by priority (the priority only names the
-    /// caller in the metrics): for an order the crate computes itself.
-    pub(crate) fn acquire_in_place(&self, priority: i32, place: i64) -> Acquire {
-        Acquire::new(
-            self.shared.clone(),
-            Ticket::new().priority(priority).place_in_line(place),
-        )
+    /// `movable`'s place in a line ordered by priority, which
+    /// [`move_in_line`](Self::move_in_line) may change while it waits.
+    pub(crate) fn acquire_in_movable_place(
+        &self,
+        priority: i32,
+        movable: Arc<MovablePlace>,
+    ) -> Acquire {
+        Acquire::new(self.shared.clone(), Ticket::new().priority(priority))
+            .in_movable_place(movable)
+    }
+
+    /// Moves the caller of `movable` to `place` in this bulkhead's line (or,
+    /// if it has not come to the line yet, where it will go).
+    pub(crate) fn move_in_line(&self, movable: &MovablePlace, place: i64) {
+        self.shared.waiters().move_in_line(movable, place);
     }
 
     /// Takes `weight` slots at once, or none, if nobody is waiting; never

@@ -484,9 +484,12 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
                 ceiling: None,
             });
         };
-        let mut waiting = WaitingForCeiling::enter(&held.line, &held.bulkhead, &self.inner.turns);
-        let mut ceiling =
-            granted(ceiling.acquire_in_place(waiting.turn.priority(), waiting.turn.place)).await?;
+        let mut waiting =
+            WaitingForCeiling::enter(&held.line, &held.bulkhead, &self.inner.turns, ceiling);
+        let mut ceiling = granted(
+            ceiling.acquire_in_movable_place(waiting.turn.priority(), waiting.turn.movable()),
+        )
+        .await?;
         waiting.served = true;
         drop(waiting);
         // Both still hold their slots, or neither is counted: a slot taken
@@ -670,12 +673,18 @@ async fn granted(acquire: Acquire) -> Result<Granted, ServiceSaturated> {
 struct WaitingForCeiling<'a> {
     line: &'a KeyLine,
     turns: &'a Turns,
+    ceiling: &'a Bulkhead,
     turn: Turn,
     served: bool,
 }
 
 impl<'a> WaitingForCeiling<'a> {
-    fn enter(line: &'a KeyLine, bulkhead: &Bulkhead, turns: &'a Turns) -> Self {
+    fn enter(
+        line: &'a KeyLine,
+        bulkhead: &Bulkhead,
+        turns: &'a Turns,
+        ceiling: &'a Bulkhead,
+    ) -> Self {
         // Relaxed: a hint to the order of the line; a race between two
         // callers of one key only swaps their turns.
         let place = line.waiting_for_ceiling.fetch_add(1, Ordering::Relaxed);
@@ -685,6 +694,7 @@ impl<'a> WaitingForCeiling<'a> {
         Self {
             line,
             turns,
+            ceiling,
             turn,
             served: false,
         }
@@ -693,7 +703,8 @@ impl<'a> WaitingForCeiling<'a> {
 
 impl Drop for WaitingForCeiling<'_> {
     fn drop(&mut self) {
-        self.turns.leave(&self.line.turn, self.turn, self.served);
+        self.turns
+            .leave(&self.line.turn, &self.turn, self.served, self.ceiling);
         self.line
             .waiting_for_ceiling
             .fetch_sub(1, Ordering::Relaxed);

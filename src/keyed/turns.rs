@@ -6,10 +6,13 @@
 //! rounded so that `n` calls cost `64 n / w` to the unit), or the *virtual
 //! time* (the tag of the last caller served), whichever is later. A caller
 //! that leaves unserved (its wait ran out, or it was dropped) gives its
-//! cost back, so that callers who gave up do not push their key's next
-//! caller back. The line serves the lowest tag first. So a key with a thousand
-//! callers waiting and a key with one alternate; a key of weight 2 gets two
-//! turns to one; and a key that arrives late starts at the virtual time,
+//! place to its key's last caller in turn behind it, if there is one, and
+//! the place that frees at the end of the key's turns is given back: so
+//! callers who gave up push neither their key's callers still in line nor
+//! its next caller back. The line serves the lowest tag first. So a key
+//! with a thousand callers waiting and a key with one alternate; a key of
+//! weight 2 gets two turns to one; and a key that arrives late starts at
+//! the virtual time,
 //! neither ahead of the keys that waited (as a tag of 0 would put it) nor
 //! behind the backlog of a busy key. (Ordering by each key's count of its
 //! own callers in line would not do: a key that keeps one caller waiting
@@ -22,7 +25,10 @@
 //! ceiling's metrics, says which of the two it is: -1 below its share, 0 in
 //! turn.
 
-use crate::sync::{lock, AtomicU64, Mutex, Ordering};
+use crate::bulkhead::Bulkhead;
+use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering};
+use crate::wait::MovablePlace;
+use std::collections::BTreeMap;
 
 /// What a call costs its key's turn at weight 1; at weight `w`, `COST / w`
 /// on average.
@@ -47,6 +53,20 @@ pub(crate) fn weight(weight: usize) -> u64 {
 pub(crate) struct KeyTurn {
     next_tag: AtomicU64,
     carry: AtomicU64,
+    /// Its callers in line taking turns (not those below its share), by
+    /// tag: the last of them takes the place of one that leaves unserved.
+    /// Touched only under the turns' lock.
+    in_turn: Mutex<BTreeMap<(u64, u64), Arc<InTurn>>>,
+}
+
+/// A caller taking turns, shared with its key's `in_turn`: its tag may
+/// change while it waits (see [`Turns::leave`]).
+#[derive(Debug)]
+struct InTurn {
+    /// Written only under the turns' lock.
+    tag: AtomicU64,
+    /// Its place in the ceiling's line, moved with its tag.
+    movable: Arc<MovablePlace>,
 }
 
 #[derive(Debug, Default)]
@@ -58,17 +78,22 @@ pub(crate) struct Turns {
 struct State {
     /// The tag of the last caller served (the virtual time).
     served: u64,
+    /// The next caller's rank among its key's callers of one tag.
+    next_rank: u64,
 }
 
 /// A caller's place in turn: where it goes in the ceiling's line, and its
 /// tag.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub(crate) struct Turn {
-    /// Its place in the ceiling's line, lowest first: [`FIRST`] for a key
-    /// below its share.
+    /// Its place in the ceiling's line, lowest first when it came: [`FIRST`]
+    /// for a key below its share.
     pub(crate) place: i64,
+    /// Its tag then; a caller taking turns has its tag in `in_turn`.
     tag: u64,
     cost: u64,
+    /// A caller taking turns, and its key in `in_turn`.
+    in_turn: Option<(Arc<InTurn>, u64)>,
 }
 
 /// The place of a caller whose key is below its share: the head of the line.
@@ -80,6 +105,23 @@ impl Turn {
     pub(crate) fn priority(&self) -> i32 {
         -i32::from(self.place == FIRST)
     }
+
+    /// Its place in the ceiling's line, which [`Turns::leave`] may move.
+    pub(crate) fn movable(&self) -> Arc<MovablePlace> {
+        match &self.in_turn {
+            Some((in_turn, _)) => in_turn.movable.clone(),
+            None => Arc::new(MovablePlace::new(self.place)),
+        }
+    }
+}
+
+/// Where a caller of `tag` taking turns goes in the ceiling's line: past
+/// every `i32` priority, so that a caller of the ceiling itself, in line by
+/// its own priority, goes ahead of the keys' turns.
+fn place_in_turn(tag: u64) -> i64 {
+    i64::try_from(tag)
+        .unwrap_or(i64::MAX)
+        .saturating_add(IN_TURN)
 }
 
 impl Turns {
@@ -87,7 +129,7 @@ impl Turns {
     /// `first` puts it ahead of every turn by tag (a key below its
     /// guaranteed share).
     pub(crate) fn enter(&self, key: &KeyTurn, weight: u64, first: bool) -> Turn {
-        let state = lock(&self.state);
+        let mut state = lock(&self.state);
         // Relaxed: written only under the lock.
         let tag = key.next_tag.load(Ordering::Relaxed).max(state.served);
         let owed = COST + key.carry.load(Ordering::Relaxed);
@@ -95,36 +137,75 @@ impl Turns {
         key.next_tag
             .store(tag.saturating_add(cost), Ordering::Relaxed);
         key.carry.store(owed % weight, Ordering::Relaxed);
-        let place = if first {
-            FIRST
-        } else {
-            // Past every `i32` priority: a caller of the ceiling itself, in
-            // line by its own priority, goes ahead of the keys' turns.
-            i64::try_from(tag)
-                .unwrap_or(i64::MAX)
-                .saturating_add(IN_TURN)
-        };
-        Turn { place, tag, cost }
+        if first {
+            return Turn {
+                place: FIRST,
+                tag,
+                cost,
+                in_turn: None,
+            };
+        }
+        let place = place_in_turn(tag);
+        let in_turn = Arc::new(InTurn {
+            tag: AtomicU64::new(tag),
+            movable: Arc::new(MovablePlace::new(place)),
+        });
+        let rank = state.next_rank;
+        state.next_rank += 1;
+        lock(&key.in_turn).insert((tag, rank), in_turn.clone());
+        Turn {
+            place,
+            tag,
+            cost,
+            in_turn: Some((in_turn, rank)),
+        }
     }
 
-    /// `turn`'s caller, of `key`, left the line: `served`, or gone (shed,
-    /// or dropped), and then its cost is given back.
-    pub(crate) fn leave(&self, key: &KeyTurn, turn: Turn, served: bool) {
+    /// `turn`'s caller, of `key`, left the line of `ceiling`: `served`, or
+    /// gone (shed, or dropped). A caller gone leaves its place to its key's
+    /// last caller in turn behind it, moved there in the ceiling's line, and
+    /// the cost of the place that frees is given back.
+    pub(crate) fn leave(&self, key: &KeyTurn, turn: &Turn, served: bool, ceiling: &Bulkhead) {
         let mut state = lock(&self.state);
+        let mut in_turn = lock(&key.in_turn);
+        let tag = match &turn.in_turn {
+            Some((caller, rank)) => {
+                // Relaxed: written only under the lock.
+                let tag = caller.tag.load(Ordering::Relaxed);
+                in_turn.remove(&(tag, *rank));
+                tag
+            }
+            None => turn.tag,
+        };
         if served {
-            state.served = state.served.max(turn.tag);
-        } else {
-            let next_tag = key.next_tag.load(Ordering::Relaxed);
-            let refunded = next_tag.saturating_sub(turn.cost).max(state.served);
-            key.next_tag
-                .store(refunded.min(next_tag), Ordering::Relaxed);
+            state.served = state.served.max(tag);
+            return;
         }
+        if let Some(last) = in_turn.last_entry().filter(|last| last.key().0 > tag) {
+            let ((_, rank), last) = last.remove_entry();
+            last.tag.store(tag, Ordering::Relaxed);
+            // Under the turns' lock, then the line's: nothing takes them the
+            // other way round.
+            ceiling.move_in_line(&last.movable, place_in_turn(tag));
+            in_turn.insert((tag, rank), last);
+        }
+        let next_tag = key.next_tag.load(Ordering::Relaxed);
+        let refunded = next_tag.saturating_sub(turn.cost).max(state.served);
+        key.next_tag
+            .store(refunded.min(next_tag), Ordering::Relaxed);
     }
 }
 
 #[cfg(all(test, not(tower_inflight_loom)))]
 mod tests {
     use super::*;
+    use crate::Config;
+    use std::time::Duration;
+
+    /// A ceiling whose line is never used: these tests order turns alone.
+    fn ceiling() -> Bulkhead {
+        Bulkhead::new(Config::new(1, Duration::from_secs(30)))
+    }
 
     /// Serves the lowest place of the callers in line, `rounds` times,
     /// each key keeping `backlog` callers in line.
@@ -146,7 +227,7 @@ mod tests {
                 .min_by_key(|&at| (line[at].1.place, at))
                 .unwrap();
             let (key, turn) = line.remove(next);
-            turns.leave(&keys[key], turn, true);
+            turns.leave(&keys[key], &turn, true, &ceiling());
             served.push(key);
             enter(&mut line, key);
         }
@@ -186,7 +267,7 @@ mod tests {
         let (busy, late) = (KeyTurn::default(), KeyTurn::default());
         let backlog: Vec<Turn> = (0..10).map(|_| turns.enter(&busy, 1, false)).collect();
         for turn in &backlog[..5] {
-            turns.leave(&busy, *turn, true);
+            turns.leave(&busy, turn, true, &ceiling());
         }
         // Five of the busy key's callers served: a new key goes next, not
         // after the busy key's whole backlog, nor ahead of the one served.
@@ -203,11 +284,40 @@ mod tests {
         // line.
         let leaving: Vec<Turn> = (0..8).map(|_| turns.enter(&gave_up, 1, false)).collect();
         for turn in leaving {
-            turns.leave(&gave_up, turn, false);
+            turns.leave(&gave_up, &turn, false, &ceiling());
         }
         let others: Vec<Turn> = (0..6).map(|_| turns.enter(&other, 1, false)).collect();
         let back = turns.enter(&gave_up, 1, false);
         assert!(back.place <= others[0].place, "{back:?} behind {others:?}");
+    }
+
+    /// The tag a caller taking turns has now.
+    fn tag_now(turn: &Turn) -> u64 {
+        let (in_turn, _) = turn.in_turn.as_ref().unwrap();
+        in_turn.tag.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn a_caller_that_leaves_unserved_hands_its_place_to_its_key_s_last() {
+        let (turns, ceiling) = (Turns::default(), ceiling());
+        let key = KeyTurn::default();
+        let callers: Vec<Turn> = (0..4).map(|_| turns.enter(&key, 1, false)).collect();
+        // The second leaves: the last takes its tag, the others keep theirs.
+        turns.leave(&key, &callers[1], false, &ceiling);
+        let tags: Vec<u64> = [0, 2, 3].map(|at| tag_now(&callers[at])).to_vec();
+        assert_eq!(tags, [0, 128, 64]);
+        // The place that freed, at the end, is given back: the next caller
+        // comes right behind the key's callers still in line.
+        let next = turns.enter(&key, 1, false);
+        assert_eq!(tag_now(&next), 192);
+        // The last leaves: nobody is behind it, and its place is given back.
+        turns.leave(&key, &next, false, &ceiling);
+        assert_eq!(turns.enter(&key, 1, false).tag, 192);
+        // A caller below its share leaves: its tag goes to the last in turn.
+        let first = turns.enter(&key, 1, true);
+        let behind = turns.enter(&key, 1, false);
+        turns.leave(&key, &first, false, &ceiling);
+        assert_eq!(tag_now(&behind), first.tag);
     }
 
     #[test]
@@ -218,7 +328,7 @@ mod tests {
         let far = 1u64 << 40;
         busy.next_tag.store(far, Ordering::Relaxed);
         let first = turns.enter(&busy, 1, false);
-        turns.leave(&busy, first, true);
+        turns.leave(&busy, &first, true, &ceiling());
         let (busy_next, newcomer) = (turns.enter(&busy, 1, false), turns.enter(&late, 1, false));
         assert_eq!(
             newcomer.place,

@@ -105,6 +105,28 @@ impl<T> Line<T> {
         .map(|(_, entry)| entry)
     }
 
+    /// Moves the entry at `place` to `to` in an order by priority, keeping
+    /// its rank among entries of the same place (its arrival); returns
+    /// where it is now. An entry no longer there is not put back.
+    pub(crate) fn move_to(&mut self, place: Place, to: i64) -> Place {
+        let Place::Keyed((from, rank)) = place else {
+            return place; // a custom order looks at no place
+        };
+        if !matches!(
+            self.order,
+            QueueOrder::PriorityFifo | QueueOrder::PriorityLifo
+        ) {
+            return place; // an order that looks at no place
+        }
+        match self.keyed.remove(&(from, rank)) {
+            Some(entry) => {
+                self.keyed.insert((to, rank), entry);
+                Place::Keyed((to, rank))
+            }
+            None => place,
+        }
+    }
+
     /// How many entries the line holds.
     #[cfg(all(test, not(tower_inflight_loom)))]
     pub(crate) fn len(&self) -> usize {

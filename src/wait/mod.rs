@@ -7,6 +7,7 @@
 
 mod codel;
 mod line;
+mod movable;
 mod order;
 mod saturation;
 mod waiters;
@@ -15,5 +16,6 @@ pub use order::{Comparator, QueueOrder, WaitingCall};
 
 pub(crate) use codel::{Codel, CodelSettings};
 pub(crate) use line::{Line, Place};
+pub(crate) use movable::MovablePlace;
 pub(crate) use saturation::{SaturationSignal, Thresholds, Verdict, WaitEnd};
 pub(crate) use waiters::{Arrival, Left, Node, Waiters};

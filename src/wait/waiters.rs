@@ -20,7 +20,7 @@ use crate::error::ShedReason;
 use crate::slots::{Claim, SlotTable};
 use crate::sync::{fence, lock, loom_seqcst_fence, Arc, AtomicU64, Mutex, Ordering};
 use crate::ticket::Ticket;
-use crate::wait::{Line, Place, QueueOrder};
+use crate::wait::{Line, MovablePlace, Place, QueueOrder};
 use std::task::{Context, Poll, Waker};
 
 /// The word the fast path reads: how many callers are parked (low 32 bits),
@@ -326,6 +326,7 @@ impl Waiters {
         now: u64,
         max_parked: Option<usize>,
         ticket: Ticket,
+        movable: Option<&MovablePlace>,
     ) -> Arrival {
         let (priority, weight) = (ticket.get_priority(), ticket.get_weight());
         let mut woken = WakeList::default();
@@ -349,8 +350,19 @@ impl Waiters {
             priority,
             place: Mutex::new(None),
         });
-        let place = queue.push_ticket(ticket, node.clone());
-        *lock(&node.place) = Some(place);
+        let mut push = |ticket: Ticket| {
+            let place = queue.push_ticket(ticket, node.clone());
+            *lock(&node.place) = Some(place);
+            node.clone()
+        };
+        match movable {
+            // Its place read, and its node noted, under the line's lock: a
+            // move comes before or after, never between.
+            Some(movable) => movable.arrive(|place| push(ticket.place_in_line(place))),
+            None => {
+                push(ticket);
+            }
+        }
         // `SeqCst`: the arrival's side of the store-buffering pattern with a
         // releaser (see `after_release`): counted in, then the slots read.
         self.parked.fetch_add(1, Ordering::SeqCst);
@@ -403,6 +415,22 @@ impl Waiters {
         if self.count() == 0 {
             queue.clear();
         }
+    }
+
+    /// Moves the caller of `movable` to `place` in the line (an order by
+    /// priority), if it is still waiting there; if it has not come to the
+    /// line yet, it will go to `place` when it does.
+    pub(crate) fn move_in_line(&self, movable: &MovablePlace, place: i64) {
+        let mut queue = lock(&self.queue);
+        movable.move_to(place, |node| {
+            // A node served or gone keeps a stale place: never put back.
+            if node.is_parked() {
+                let mut at = lock(&node.place);
+                if let Some(from) = *at {
+                    *at = Some(queue.move_to(from, place));
+                }
+            }
+        });
     }
 
     /// The caller behind `node` checks for its slot, leaving its waker to be
@@ -519,6 +547,7 @@ mod tests {
                     1,
                     None,
                     Ticket::new().priority(priority),
+                    None,
                 )));
                 if waiting.len() > 10 {
                     let quitter = waiting.remove(waiting.len() / 2).unwrap();
@@ -554,7 +583,7 @@ mod tests {
     }
 
     fn park_with_checker(waiters: &Arc<Waiters>, slots: &SlotTable) -> Arc<CheckUnlocked> {
-        let node = parked(waiters.arrive(slots, 1, None, Ticket::new()));
+        let node = parked(waiters.arrive(slots, 1, None, Ticket::new(), None));
         let checker = Arc::new(CheckUnlocked {
             waiters: waiters.clone(),
             unlocked: AtomicBool::new(false),
