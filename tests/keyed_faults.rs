@@ -722,3 +722,74 @@ async fn cancelled_key_mates_push_a_light_caller_past_its_wait() {
         "the light key's only caller in line: {outcome:?} after {before} heavy turns"
     );
 }
+
+/// Key "k" (guarantee 2) has three callers below its share, all of whom
+/// hang up; its caller `t`, in turn, is then its key's only caller in line,
+/// and its key was never served: it should have its key's first turn, right
+/// behind "o"'s first caller, as it does with a guarantee of 0 (the same
+/// steps, the three in turn). It was left a turn back, behind "o"'s second
+/// caller: callers below their share took turns that nobody could be moved
+/// into when they left.
+#[tokio::test(start_paused = true)]
+async fn callers_below_their_share_that_hang_up_push_their_key_s_next_caller_back() {
+    let wait = Duration::from_secs(10);
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(8, LONG).wait(wait))
+            .ceiling(Config::new(8, LONG).wait(wait))
+            .guarantee_per_key(|key: &&str| if *key == "k" { 2 } else { 0 }),
+    );
+    let mut held: Vec<_> = (0..8)
+        .map(|_| keyed.try_acquire(&"holder").unwrap())
+        .collect();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let permits = Arc::new(Mutex::new(Vec::new()));
+    let spawn = |key: &'static str, name: &'static str| {
+        let (keyed, order, permits) = (keyed.clone(), order.clone(), permits.clone());
+        tokio::spawn(async move {
+            let permit = keyed.acquire(&key).await.unwrap();
+            order.lock().unwrap().push(name);
+            // Held to the end: each slot freed goes to one caller.
+            permits.lock().unwrap().push(permit);
+        })
+    };
+    // "o" has three callers in turn: tags 0, 64, 128.
+    let mut tasks = Vec::new();
+    for name in ["o1", "o2", "o3"] {
+        tasks.push(spawn("o", name));
+        settle().await;
+    }
+    // "k": two callers below its share (tags 0 and 64); the first hangs up,
+    // and its tag's cost goes back at the end (64, the second's).
+    let f1 = spawn("k", "f1");
+    settle().await;
+    let f2 = spawn("k", "f2");
+    settle().await;
+    f1.abort();
+    settle().await;
+    // A third below its share (tag 64 again), then `t`, in turn (128).
+    let f3 = spawn("k", "f3");
+    settle().await;
+    let t = spawn("k", "t");
+    settle().await;
+    // Both below the share hang up: `t` should come to tag 0.
+    f2.abort();
+    settle().await;
+    f3.abort();
+    settle().await;
+    assert_eq!(keyed.ceiling().unwrap().waiting(), 4);
+    // Two slots come free, one at a time.
+    drop(held.pop());
+    settle().await;
+    drop(held.pop());
+    settle().await;
+    let order = order.lock().unwrap().clone();
+    t.abort();
+    for task in tasks {
+        task.abort();
+    }
+    assert_eq!(
+        order,
+        ["o1", "t"],
+        "\"k\"'s only caller in line, its key never served, went behind \"o\"'s second caller"
+    );
+}

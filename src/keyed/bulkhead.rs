@@ -97,7 +97,9 @@ impl<K> KeyedConfig<K> {
     /// is preempted). Whether a key is below its share is judged as its
     /// caller comes to the line: a caller that came while its key was at
     /// its share takes its turn like any, even if its key's calls end
-    /// meanwhile. While others are idle, any key may use more than its
+    /// meanwhile. A caller that goes first takes none of its key's turns:
+    /// what a key was promised does not count against what it borrows.
+    /// While others are idle, any key may use more than its
     /// share, up to its own limit. Called once, when the key's bulkhead is
     /// made. Keep the shares' sum within the ceiling: only then can each be
     /// met.

@@ -18,6 +18,10 @@
 //! own callers in line would not do: a key that keeps one caller waiting
 //! would always go before another key's later callers, and starve them.)
 //!
+//! A caller of a key below its guaranteed share takes no turn: it goes to
+//! the head of the line, and what its key was promised costs the key none of
+//! its turns at what it borrows.
+//!
 //! A caller's place in the ceiling's line is its tag, 64 bits (at 64 units
 //! a turn, more turns than any line will see), past every `i32` priority
 //! (so that a caller of the ceiling itself goes ahead of the turns), or the
@@ -89,10 +93,8 @@ pub(crate) struct Turn {
     /// Its place in the ceiling's line, lowest first when it came: [`FIRST`]
     /// for a key below its share.
     pub(crate) place: i64,
-    /// Its tag then; a caller taking turns has its tag in `in_turn`.
-    tag: u64,
-    cost: u64,
-    /// A caller taking turns, and its key in `in_turn`.
+    /// A caller taking turns (not one below its key's share), and its key
+    /// in its key's `in_turn`.
     in_turn: Option<(Arc<InTurn>, u64)>,
 }
 
@@ -126,25 +128,23 @@ fn place_in_turn(tag: u64) -> i64 {
 
 impl Turns {
     /// A turn for the next caller of a key of `weight` (held to 1 ..= 64);
-    /// `first` puts it ahead of every turn by tag (a key below its
-    /// guaranteed share).
+    /// `first` puts it ahead of every turn by tag, and takes none (a key
+    /// below its guaranteed share: its promised slots are not borrowed, so
+    /// they cost it no turns).
     pub(crate) fn enter(&self, key: &KeyTurn, weight: u64, first: bool) -> Turn {
+        if first {
+            return Turn {
+                place: FIRST,
+                in_turn: None,
+            };
+        }
         let mut state = lock(&self.state);
         // Relaxed: written only under the lock.
         let tag = key.next_tag.load(Ordering::Relaxed).max(state.served);
         let owed = COST + key.carry.load(Ordering::Relaxed);
-        let cost = owed / weight;
         key.next_tag
-            .store(tag.saturating_add(cost), Ordering::Relaxed);
+            .store(tag.saturating_add(owed / weight), Ordering::Relaxed);
         key.carry.store(owed % weight, Ordering::Relaxed);
-        if first {
-            return Turn {
-                place: FIRST,
-                tag,
-                cost,
-                in_turn: None,
-            };
-        }
         let place = place_in_turn(tag);
         let in_turn = Arc::new(InTurn {
             tag: AtomicU64::new(tag),
@@ -155,8 +155,6 @@ impl Turns {
         lock(&key.in_turn).insert((tag, rank), in_turn.clone());
         Turn {
             place,
-            tag,
-            cost,
             in_turn: Some((in_turn, rank)),
         }
     }
@@ -164,35 +162,35 @@ impl Turns {
     /// `turn`'s caller, of `key`, left the line of `ceiling`: `served`, or
     /// gone (shed, or dropped). A caller gone leaves its place to its key's
     /// last caller in turn behind it, moved there in the ceiling's line, and
-    /// the cost of the place that frees is given back.
+    /// the place that frees, the last of the key's, is given back.
     pub(crate) fn leave(&self, key: &KeyTurn, turn: &Turn, served: bool, ceiling: &Bulkhead) {
+        let Some((caller, rank)) = &turn.in_turn else {
+            return; // below its key's share: it took no turn
+        };
         let mut state = lock(&self.state);
         let mut in_turn = lock(&key.in_turn);
-        let tag = match &turn.in_turn {
-            Some((caller, rank)) => {
-                // Relaxed: written only under the lock.
-                let tag = caller.tag.load(Ordering::Relaxed);
-                in_turn.remove(&(tag, *rank));
-                tag
-            }
-            None => turn.tag,
-        };
+        // Relaxed: written only under the lock.
+        let tag = caller.tag.load(Ordering::Relaxed);
+        in_turn.remove(&(tag, *rank));
         if served {
             state.served = state.served.max(tag);
             return;
         }
+        let mut freed = tag;
         if let Some(last) = in_turn.last_entry().filter(|last| last.key().0 > tag) {
-            let ((_, rank), last) = last.remove_entry();
+            let ((last_tag, rank), last) = last.remove_entry();
             last.tag.store(tag, Ordering::Relaxed);
             // Under the turns' lock, then the line's: nothing takes them the
             // other way round.
             ceiling.move_in_line(&last.movable, place_in_turn(tag));
             in_turn.insert((tag, rank), last);
+            freed = last_tag;
         }
+        // The key's next caller starts at the place that freed (or at the
+        // virtual time, if that is later); never later than it would have.
         let next_tag = key.next_tag.load(Ordering::Relaxed);
-        let refunded = next_tag.saturating_sub(turn.cost).max(state.served);
         key.next_tag
-            .store(refunded.min(next_tag), Ordering::Relaxed);
+            .store(freed.max(state.served).min(next_tag), Ordering::Relaxed);
     }
 }
 
@@ -312,12 +310,15 @@ mod tests {
         assert_eq!(tag_now(&next), 192);
         // The last leaves: nobody is behind it, and its place is given back.
         turns.leave(&key, &next, false, &ceiling);
-        assert_eq!(turns.enter(&key, 1, false).tag, 192);
-        // A caller below its share leaves: its tag goes to the last in turn.
+        let again = turns.enter(&key, 1, false);
+        assert_eq!(tag_now(&again), 192);
+        // A caller below its share takes no turn, and leaves none behind.
         let first = turns.enter(&key, 1, true);
         let behind = turns.enter(&key, 1, false);
+        assert_eq!(tag_now(&behind), 256);
         turns.leave(&key, &first, false, &ceiling);
-        assert_eq!(tag_now(&behind), first.tag);
+        assert_eq!(tag_now(&behind), 256);
+        assert_eq!(tag_now(&turns.enter(&key, 1, false)), 320);
     }
 
     #[test]
