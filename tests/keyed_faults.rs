@@ -1,8 +1,8 @@
 //! Faults of keyed bulkheads found by an adversarial reading, each a
 //! promise of the docs (or a plain invariant) that an earlier version
 //! broke: races between the first calls of a new key, callers that gave up
-//! moving their key's turn back (or its callers still in line), weights
-//! rounded away, admissions counted
+//! (or were shed after their turn came) moving their key's turn back or its
+//! callers still in line, weights rounded away, admissions counted
 //! twice (also for a call the ceiling shed after it waited), a status call
 //! or a panicking `Hash` pinning keys, a leaked
 //! permit's gauge outliving its key, and sheds for too many keys counted
@@ -791,5 +791,188 @@ async fn callers_below_their_share_that_hang_up_push_their_key_s_next_caller_bac
         order,
         ["o1", "t"],
         "\"k\"'s only caller in line, its key never served, went behind \"o\"'s second caller"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// A caller that left after its turn came, or gave up, still pushed its
+//    key's others back: a slot handed to a caller dropped before it took it
+//    went on before the caller's place did (bulkhead.rs `acquire_after`), a
+//    caller its key shed after the ceiling served it kept its turn, and the
+//    carry of a caller that gave up was never given back (turns.rs `leave`).
+// ---------------------------------------------------------------------------
+
+const WAIT: Duration = Duration::from_secs(10);
+
+type Order = Arc<Mutex<Vec<&'static str>>>;
+
+/// A caller of `key`, named `name`, that records when it is served and
+/// holds its permit 1 ms.
+fn caller(
+    keyed: &KeyedBulkhead<&'static str>,
+    order: &Order,
+    key: &'static str,
+    name: &'static str,
+) -> tokio::task::JoinHandle<()> {
+    let (keyed, order) = (keyed.clone(), order.clone());
+    tokio::spawn(async move {
+        let permit = keyed.acquire(&key).await.unwrap();
+        order.lock().unwrap().push(name);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        drop(permit);
+    })
+}
+
+/// Key "a"'s caller `x` is handed the ceiling's freed slot, and dropped
+/// before it takes it up (its task cancelled): it gave up. Its key's other
+/// caller `l` (arrived before "b"'s `y`) should get the slot, as it would
+/// had `x` never come (then `l` has "a"'s first turn, tag 0, and came
+/// before `y`, also at tag 0). The slot went to `y`: in `acquire_after` the
+/// ceiling's `Acquire` is dropped (handing its slot to the line as it
+/// stands) before `WaitingForCeiling`, whose `leave` only then moves `l`
+/// into `x`'s place.
+#[tokio::test(start_paused = true)]
+async fn a_caller_dropped_with_its_slot_handed_hands_it_past_its_key_s_next_caller() {
+    let run = |with_x: bool| async move {
+        let keyed = KeyedBulkhead::new(
+            KeyedConfig::new(Config::new(8, LONG).wait(WAIT))
+                .ceiling(Config::new(8, LONG).wait(WAIT)),
+        );
+        // The ceiling is full (a key's limit is held to the ceiling's: 8).
+        let mut held: Vec<_> = (0..8)
+            .map(|_| keyed.try_acquire(&"holder").unwrap())
+            .collect();
+        let holder = held.pop().unwrap();
+        let order: Order = Arc::default();
+        let a = "a";
+        let mut x = with_x.then(|| tokio_test::task::spawn(keyed.acquire(&a)));
+        if let Some(x) = x.as_mut() {
+            assert!(x.poll().is_pending());
+        }
+        settle().await;
+        let l = caller(&keyed, &order, "a", "l");
+        settle().await;
+        let y = caller(&keyed, &order, "b", "y");
+        settle().await;
+        // The ceiling's slot comes free: handed to `x` (first in line), whose
+        // task is cancelled before it runs.
+        drop(holder);
+        drop(x);
+        l.await.unwrap();
+        y.await.unwrap();
+        drop(held);
+        let order = order.lock().unwrap().clone();
+        order
+    };
+    let without_x = run(false).await;
+    assert_eq!(without_x, ["l", "y"], "control: x never came");
+    let with_x = run(true).await;
+    assert_eq!(
+        with_x, without_x,
+        "a caller of \"a\" that gave up with its slot handed put its key's next caller behind \"b\""
+    );
+}
+
+/// Weight 33 (a call costs 64/33 units: 1, 2, 2, ... with the carry) beside
+/// a key of weight 64 (1 unit a call). One caller of the light key gives up
+/// at the ceiling: its tag is given back (`next_tag`), its carry is not
+/// (turns.rs `leave`), so the key's calls after it are costed from a carry
+/// they never ran up: its second caller's tag is 2, not 1, a whole turn of
+/// the heavy key later than had the caller who gave up never come.
+#[tokio::test(start_paused = true)]
+async fn a_caller_that_gave_up_keeps_its_carry_and_pushes_its_key_s_second_caller_back() {
+    let run = |with_x: bool| async move {
+        let keyed = KeyedBulkhead::new(
+            KeyedConfig::new(Config::new(8, LONG).wait(WAIT))
+                .ceiling(Config::new(8, LONG).wait(WAIT))
+                .weight_per_key(|key: &&str| if *key == "heavy" { 64 } else { 33 }),
+        );
+        // The ceiling is full (a key's limit is held to the ceiling's: 8).
+        let mut held: Vec<_> = (0..8)
+            .map(|_| keyed.try_acquire(&"holder").unwrap())
+            .collect();
+        let holder = held.pop().unwrap();
+        let order: Order = Arc::default();
+        if with_x {
+            let x = caller(&keyed, &order, "light", "x");
+            settle().await;
+            x.abort();
+            settle().await;
+        }
+        assert_eq!(keyed.ceiling().unwrap().waiting(), 0);
+        let mut tasks = Vec::new();
+        for name in ["h0", "h1", "h2", "h3"] {
+            tasks.push(caller(&keyed, &order, "heavy", name));
+            settle().await;
+        }
+        for name in ["a0", "a1"] {
+            tasks.push(caller(&keyed, &order, "light", name));
+            settle().await;
+        }
+        drop(holder);
+        for task in tasks {
+            task.await.unwrap();
+        }
+        drop(held);
+        let order = order.lock().unwrap().clone();
+        order
+    };
+    let without_x = run(false).await;
+    assert_eq!(
+        without_x,
+        ["h0", "a0", "h1", "a1", "h2", "h3"],
+        "control: x never came"
+    );
+    let with_x = run(true).await;
+    assert_eq!(
+        with_x, without_x,
+        "one caller of \"light\" that gave up pushed its key's second caller back"
+    );
+}
+
+/// Key "a" (limit 1, `reclaim_after` 1 s on a manual clock) has caller `x`
+/// waiting for the ceiling; a busy runtime lets the key's slot lapse, and
+/// "a"'s next caller `y` takes it and waits for the ceiling too; then "b"'s
+/// `z` comes. The ceiling's slot goes to `x`, which is shed by its key
+/// (its slot is `y`'s now): `x` left unserved, as one whose wait ran out
+/// does, but its turn was counted served (`served = true` and the turn left
+/// before `renew`), so `y` keeps tag 64 and goes behind `z` (tag 0, came
+/// later). Had `x`'s turn been given back, `y` would have had it and gone
+/// first.
+#[tokio::test(start_paused = true)]
+async fn a_caller_shed_by_its_key_after_its_turn_came_still_uses_its_key_s_turn() {
+    let clock = ManualClock::new();
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(
+            Config::new(1, Duration::from_secs(1))
+                .wait(Duration::from_millis(400))
+                .clock(clock.clone()),
+        )
+        .ceiling(Config::new(1, LONG).wait(Duration::from_millis(500))),
+    );
+    let holder = keyed.ceiling().unwrap().try_acquire().unwrap();
+    let order: Order = Arc::default();
+    let x = {
+        let keyed = keyed.clone();
+        tokio::spawn(async move { keyed.acquire(&"a").await.map(drop).map_err(|e| e.reason()) })
+    };
+    settle().await;
+    // The runtime was busy: the key's clock runs past x's slot's deadline.
+    clock.advance(Duration::from_secs(2));
+    let y = caller(&keyed, &order, "a", "y");
+    settle().await;
+    let z = caller(&keyed, &order, "b", "z");
+    settle().await;
+    assert_eq!(keyed.ceiling().unwrap().waiting(), 3, "x, y and z wait");
+    drop(holder);
+    let x = x.await.unwrap();
+    assert!(x.is_err(), "precondition: x is shed by its key ({x:?})");
+    y.await.unwrap();
+    z.await.unwrap();
+    let order = order.lock().unwrap().clone();
+    assert_eq!(
+        order,
+        ["y", "z"],
+        "x, shed unserved, kept its key's turn: its key's y went behind b's later z"
     );
 }

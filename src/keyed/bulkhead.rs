@@ -486,22 +486,32 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
                 ceiling: None,
             });
         };
-        let mut waiting =
-            WaitingForCeiling::enter(&held.line, &held.bulkhead, &self.inner.turns, ceiling);
-        let mut ceiling = granted(
-            ceiling.acquire_in_movable_place(waiting.turn.priority(), waiting.turn.movable()),
-        )
-        .await?;
-        waiting.served = true;
-        drop(waiting);
-        // Both still hold their slots, or neither is counted: a slot taken
-        // up late (a busy runtime) may have been reclaimed meanwhile, and
-        // its call then claims a fresh one, or is shed by that bulkhead.
-        held.granted.renew()?;
-        ceiling.renew()?;
+        // The ceiling's slot outlives the caller's turn, so that a caller
+        // who gives up (or is shed below) leaves its place in turn before a
+        // slot it was handed goes on to the line's head.
+        let mut ceiling_slot;
+        let renewed;
+        {
+            let waiting =
+                WaitingForCeiling::enter(&held.line, &held.bulkhead, &self.inner.turns, ceiling);
+            let acquire =
+                ceiling.acquire_in_movable_place(waiting.turn.priority(), waiting.turn.movable());
+            let mut in_line = std::pin::pin!(InCeilingLine { waiting, acquire });
+            ceiling_slot =
+                std::future::poll_fn(|cx| in_line.as_mut().project().acquire.poll_granted(cx))
+                    .await?;
+            // Both still hold their slots, or neither is counted: a slot
+            // taken up late (a busy runtime) may have been reclaimed
+            // meanwhile, and its call then claims a fresh one, or is shed by
+            // that bulkhead. Served only then: a caller shed here gives its
+            // turn back.
+            renewed = held.granted.renew().and_then(|()| ceiling_slot.renew());
+            in_line.as_mut().project().waiting.served = renewed.is_ok();
+        }
+        renewed?;
         Ok(KeyedPermit {
             key: held.admit()?,
-            ceiling: Some(ceiling.into_renewed_permit(0)?),
+            ceiling: Some(ceiling_slot.into_renewed_permit(0)?),
         })
     }
 
@@ -668,6 +678,18 @@ impl HeldKey {
 async fn granted(acquire: Acquire) -> Result<Granted, ServiceSaturated> {
     let mut acquire = std::pin::pin!(acquire);
     std::future::poll_fn(|cx| acquire.as_mut().poll_granted(cx)).await
+}
+
+pin_project_lite::pin_project! {
+    /// A caller of a key waiting for the ceiling's slot. Its turn is left
+    /// (given to its key's next caller in line, if it was not served) before
+    /// the wait is dropped (passing on a slot handed to it but not taken):
+    /// fields drop in order.
+    struct InCeilingLine<'a> {
+        waiting: WaitingForCeiling<'a>,
+        #[pin]
+        acquire: Acquire,
+    }
 }
 
 /// A caller of a key in the ceiling's line, with its turn there: counted

@@ -69,6 +69,10 @@ pub(crate) struct KeyTurn {
 struct InTurn {
     /// Written only under the turns' lock.
     tag: AtomicU64,
+    /// What its turn cost its key, and the key's carry before it: given
+    /// back if the place it came to is the one that frees.
+    cost: u64,
+    carry_before: u64,
     /// Its place in the ceiling's line, moved with its tag.
     movable: Arc<MovablePlace>,
 }
@@ -141,13 +145,17 @@ impl Turns {
         let mut state = lock(&self.state);
         // Relaxed: written only under the lock.
         let tag = key.next_tag.load(Ordering::Relaxed).max(state.served);
-        let owed = COST + key.carry.load(Ordering::Relaxed);
+        let carry_before = key.carry.load(Ordering::Relaxed);
+        let owed = COST + carry_before;
+        let cost = owed / weight;
         key.next_tag
-            .store(tag.saturating_add(owed / weight), Ordering::Relaxed);
+            .store(tag.saturating_add(cost), Ordering::Relaxed);
         key.carry.store(owed % weight, Ordering::Relaxed);
         let place = place_in_turn(tag);
         let in_turn = Arc::new(InTurn {
             tag: AtomicU64::new(tag),
+            cost,
+            carry_before,
             movable: Arc::new(MovablePlace::new(place)),
         });
         let rank = state.next_rank;
@@ -176,19 +184,24 @@ impl Turns {
             state.served = state.served.max(tag);
             return;
         }
-        let mut freed = tag;
+        // The place that frees, and the caller that had come to it.
+        let (mut freed, mut freed_by) = (tag, caller.clone());
         if let Some(last) = in_turn.last_entry().filter(|last| last.key().0 > tag) {
             let ((last_tag, rank), last) = last.remove_entry();
             last.tag.store(tag, Ordering::Relaxed);
             // Under the turns' lock, then the line's: nothing takes them the
             // other way round.
             ceiling.move_in_line(&last.movable, place_in_turn(tag));
-            in_turn.insert((tag, rank), last);
-            freed = last_tag;
+            in_turn.insert((tag, rank), last.clone());
+            (freed, freed_by) = (last_tag, last);
         }
         // The key's next caller starts at the place that freed (or at the
-        // virtual time, if that is later); never later than it would have.
+        // virtual time, if that is later), with the carry found there if it
+        // was the key's last; never later than it would have.
         let next_tag = key.next_tag.load(Ordering::Relaxed);
+        if freed.saturating_add(freed_by.cost) == next_tag {
+            key.carry.store(freed_by.carry_before, Ordering::Relaxed);
+        }
         key.next_tag
             .store(freed.max(state.served).min(next_tag), Ordering::Relaxed);
     }
