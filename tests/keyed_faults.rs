@@ -976,3 +976,66 @@ async fn a_caller_shed_by_its_key_after_its_turn_came_still_uses_its_key_s_turn(
         "x, shed unserved, kept its key's turn: its key's y went behind b's later z"
     );
 }
+
+/// Keys "a" and "b" of weight 3 (costs 21, 21, 22 units with the carry).
+/// "a" has two callers x0 (tag 0, carry before 0) and x1 (tag 21, carry
+/// before 1) waiting; both give up, x0 first, which moves x1 to tag 0.
+/// x1 leaving then frees tag 0, and the carry given back was that of the
+/// place x1 first came to (1), not of tag 0 (0): "a"'s callers then got
+/// tags 0, 21, 43 instead of 0, 21, 42, and its third went behind "b"'s
+/// third, which came after it. A moved caller now takes the figures of
+/// the place it moves to.
+#[tokio::test(start_paused = true)]
+async fn two_callers_that_gave_up_leave_their_key_a_carry_it_never_ran_up() {
+    let run = |with_x: bool| async move {
+        let keyed = KeyedBulkhead::new(
+            KeyedConfig::new(Config::new(8, LONG).wait(WAIT))
+                .ceiling(Config::new(8, LONG).wait(WAIT))
+                .weight_per_key(|key: &&str| if *key == "holder" { 1 } else { 3 }),
+        );
+        let mut held: Vec<_> = (0..8)
+            .map(|_| keyed.try_acquire(&"holder").unwrap())
+            .collect();
+        let holder = held.pop().unwrap();
+        let order: Order = Arc::default();
+        if with_x {
+            let x0 = caller(&keyed, &order, "a", "x0");
+            settle().await;
+            let x1 = caller(&keyed, &order, "a", "x1");
+            settle().await;
+            assert_eq!(keyed.ceiling().unwrap().waiting(), 2);
+            x0.abort();
+            settle().await;
+            x1.abort();
+            settle().await;
+        }
+        assert_eq!(keyed.ceiling().unwrap().waiting(), 0);
+        let mut tasks = Vec::new();
+        for name in ["a0", "a1", "a2"] {
+            tasks.push(caller(&keyed, &order, "a", name));
+            settle().await;
+        }
+        for name in ["b0", "b1", "b2"] {
+            tasks.push(caller(&keyed, &order, "b", name));
+            settle().await;
+        }
+        drop(holder);
+        for task in tasks {
+            task.await.unwrap();
+        }
+        drop(held);
+        let order = order.lock().unwrap().clone();
+        order
+    };
+    let without_x = run(false).await;
+    assert_eq!(
+        without_x,
+        ["a0", "b0", "a1", "b1", "a2", "b2"],
+        "control: x0 and x1 never came"
+    );
+    let with_x = run(true).await;
+    assert_eq!(
+        with_x, without_x,
+        "two callers of \"a\" that gave up pushed its third caller back"
+    );
+}

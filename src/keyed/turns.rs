@@ -69,10 +69,12 @@ pub(crate) struct KeyTurn {
 struct InTurn {
     /// Written only under the turns' lock.
     tag: AtomicU64,
-    /// What its turn cost its key, and the key's carry before it: given
-    /// back if the place it came to is the one that frees.
-    cost: u64,
-    carry_before: u64,
+    /// What the place at its tag cost its key, and the key's carry before
+    /// it: given back if that place is the one that frees. They go with
+    /// the place: a caller moved to another's place takes its figures.
+    /// Written only under the turns' lock.
+    cost: AtomicU64,
+    carry_before: AtomicU64,
     /// Its place in the ceiling's line, moved with its tag.
     movable: Arc<MovablePlace>,
 }
@@ -154,8 +156,8 @@ impl Turns {
         let place = place_in_turn(tag);
         let in_turn = Arc::new(InTurn {
             tag: AtomicU64::new(tag),
-            cost,
-            carry_before,
+            cost: AtomicU64::new(cost),
+            carry_before: AtomicU64::new(carry_before),
             movable: Arc::new(MovablePlace::new(place)),
         });
         let rank = state.next_rank;
@@ -184,23 +186,33 @@ impl Turns {
             state.served = state.served.max(tag);
             return;
         }
-        // The place that frees, and the caller that had come to it.
-        let (mut freed, mut freed_by) = (tag, caller.clone());
+        // Relaxed, all: written only under the lock.
+        let figures = |of: &InTurn| {
+            (
+                of.cost.load(Ordering::Relaxed),
+                of.carry_before.load(Ordering::Relaxed),
+            )
+        };
+        // The place that frees, with its cost and the carry before it.
+        let (mut freed, (mut freed_cost, mut carry_before)) = (tag, figures(caller));
         if let Some(last) = in_turn.last_entry().filter(|last| last.key().0 > tag) {
             let ((last_tag, rank), last) = last.remove_entry();
+            let (cost, carry) = figures(caller);
+            (freed, (freed_cost, carry_before)) = (last_tag, figures(&last));
             last.tag.store(tag, Ordering::Relaxed);
+            last.cost.store(cost, Ordering::Relaxed);
+            last.carry_before.store(carry, Ordering::Relaxed);
             // Under the turns' lock, then the line's: nothing takes them the
             // other way round.
             ceiling.move_in_line(&last.movable, place_in_turn(tag));
-            in_turn.insert((tag, rank), last.clone());
-            (freed, freed_by) = (last_tag, last);
+            in_turn.insert((tag, rank), last);
         }
         // The key's next caller starts at the place that freed (or at the
         // virtual time, if that is later), with the carry found there if it
         // was the key's last; never later than it would have.
         let next_tag = key.next_tag.load(Ordering::Relaxed);
-        if freed.saturating_add(freed_by.cost) == next_tag {
-            key.carry.store(freed_by.carry_before, Ordering::Relaxed);
+        if freed.saturating_add(freed_cost) == next_tag {
+            key.carry.store(carry_before, Ordering::Relaxed);
         }
         key.next_tag
             .store(freed.max(state.served).min(next_tag), Ordering::Relaxed);
