@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
-use tower_inflight::keyed::{KeyedBulkhead, KeyedConcurrencyLayer, KeyedConfig};
+use tower_inflight::keyed::{KeyedBulkhead, KeyedConcurrencyLayer, KeyedConfig, KeyedPermit};
 use tower_inflight::{BoxError, Config, ManualClock, ShedReason};
 
 mod support;
@@ -873,6 +873,24 @@ async fn a_caller_dropped_with_its_slot_handed_hands_it_past_its_key_s_next_call
     );
 }
 
+/// A keyed bulkhead of 8 a key whose ceiling of 8 is full, held by key
+/// "holder" (one of its permits apart, to free a slot), keys weighted by
+/// `weight`.
+fn full_ceiling(
+    weight: fn(&&'static str) -> usize,
+) -> (KeyedBulkhead<&'static str>, Vec<KeyedPermit>, KeyedPermit) {
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(8, LONG).wait(WAIT))
+            .ceiling(Config::new(8, LONG).wait(WAIT))
+            .weight_per_key(weight),
+    );
+    let mut held: Vec<_> = (0..8)
+        .map(|_| keyed.try_acquire(&"holder").unwrap())
+        .collect();
+    let holder = held.pop().unwrap();
+    (keyed, held, holder)
+}
+
 /// Weight 33 (a call costs 64/33 units: 1, 2, 2, ... with the carry) beside
 /// a key of weight 64 (1 unit a call). One caller of the light key gives up
 /// at the ceiling: its tag is given back (`next_tag`), its carry is not
@@ -882,16 +900,7 @@ async fn a_caller_dropped_with_its_slot_handed_hands_it_past_its_key_s_next_call
 #[tokio::test(start_paused = true)]
 async fn a_caller_that_gave_up_keeps_its_carry_and_pushes_its_key_s_second_caller_back() {
     let run = |with_x: bool| async move {
-        let keyed = KeyedBulkhead::new(
-            KeyedConfig::new(Config::new(8, LONG).wait(WAIT))
-                .ceiling(Config::new(8, LONG).wait(WAIT))
-                .weight_per_key(|key: &&str| if *key == "heavy" { 64 } else { 33 }),
-        );
-        // The ceiling is full (a key's limit is held to the ceiling's: 8).
-        let mut held: Vec<_> = (0..8)
-            .map(|_| keyed.try_acquire(&"holder").unwrap())
-            .collect();
-        let holder = held.pop().unwrap();
+        let (keyed, held, holder) = full_ceiling(|key| if *key == "heavy" { 64 } else { 33 });
         let order: Order = Arc::default();
         if with_x {
             let x = caller(&keyed, &order, "light", "x");
@@ -988,15 +997,7 @@ async fn a_caller_shed_by_its_key_after_its_turn_came_still_uses_its_key_s_turn(
 #[tokio::test(start_paused = true)]
 async fn two_callers_that_gave_up_leave_their_key_a_carry_it_never_ran_up() {
     let run = |with_x: bool| async move {
-        let keyed = KeyedBulkhead::new(
-            KeyedConfig::new(Config::new(8, LONG).wait(WAIT))
-                .ceiling(Config::new(8, LONG).wait(WAIT))
-                .weight_per_key(|key: &&str| if *key == "holder" { 1 } else { 3 }),
-        );
-        let mut held: Vec<_> = (0..8)
-            .map(|_| keyed.try_acquire(&"holder").unwrap())
-            .collect();
-        let holder = held.pop().unwrap();
+        let (keyed, held, holder) = full_ceiling(|key| if *key == "holder" { 1 } else { 3 });
         let order: Order = Arc::default();
         if with_x {
             let x0 = caller(&keyed, &order, "a", "x0");
