@@ -891,6 +891,31 @@ fn full_ceiling(
     (keyed, held, holder)
 }
 
+/// Sends each key's named callers, key by key, frees the ceiling's slot
+/// `holder` held, and returns the order they were served in.
+async fn served_after(
+    keyed: &KeyedBulkhead<&'static str>,
+    order: &Order,
+    callers: &[(&'static str, &[&'static str])],
+    holder: KeyedPermit,
+    held: Vec<KeyedPermit>,
+) -> Vec<&'static str> {
+    let mut tasks = Vec::new();
+    for &(key, names) in callers {
+        for &name in names {
+            tasks.push(caller(keyed, order, key, name));
+            settle().await;
+        }
+    }
+    drop(holder);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    drop(held);
+    let served = order.lock().unwrap().clone();
+    served
+}
+
 /// Weight 33 (a call costs 64/33 units: 1, 2, 2, ... with the carry) beside
 /// a key of weight 64 (1 unit a call). One caller of the light key gives up
 /// at the ceiling: its tag is given back (`next_tag`), its carry is not
@@ -909,22 +934,11 @@ async fn a_caller_that_gave_up_keeps_its_carry_and_pushes_its_key_s_second_calle
             settle().await;
         }
         assert_eq!(keyed.ceiling().unwrap().waiting(), 0);
-        let mut tasks = Vec::new();
-        for name in ["h0", "h1", "h2", "h3"] {
-            tasks.push(caller(&keyed, &order, "heavy", name));
-            settle().await;
-        }
-        for name in ["a0", "a1"] {
-            tasks.push(caller(&keyed, &order, "light", name));
-            settle().await;
-        }
-        drop(holder);
-        for task in tasks {
-            task.await.unwrap();
-        }
-        drop(held);
-        let order = order.lock().unwrap().clone();
-        order
+        let callers = [
+            ("heavy", ["h0", "h1", "h2", "h3"].as_slice()),
+            ("light", &["a0", "a1"]),
+        ];
+        served_after(&keyed, &order, &callers, holder, held).await
     };
     let without_x = run(false).await;
     assert_eq!(
@@ -1011,22 +1025,11 @@ async fn two_callers_that_gave_up_leave_their_key_a_carry_it_never_ran_up() {
             settle().await;
         }
         assert_eq!(keyed.ceiling().unwrap().waiting(), 0);
-        let mut tasks = Vec::new();
-        for name in ["a0", "a1", "a2"] {
-            tasks.push(caller(&keyed, &order, "a", name));
-            settle().await;
-        }
-        for name in ["b0", "b1", "b2"] {
-            tasks.push(caller(&keyed, &order, "b", name));
-            settle().await;
-        }
-        drop(holder);
-        for task in tasks {
-            task.await.unwrap();
-        }
-        drop(held);
-        let order = order.lock().unwrap().clone();
-        order
+        let callers = [
+            ("a", ["a0", "a1", "a2"].as_slice()),
+            ("b", &["b0", "b1", "b2"]),
+        ];
+        served_after(&keyed, &order, &callers, holder, held).await
     };
     let without_x = run(false).await;
     assert_eq!(
