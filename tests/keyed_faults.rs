@@ -1043,3 +1043,98 @@ async fn two_callers_that_gave_up_leave_their_key_a_carry_it_never_ran_up() {
         "two callers of \"a\" that gave up pushed its third caller back"
     );
 }
+
+// ---------------------------------------------------------------------------
+// A caller behind the virtual time that gave up moved its key's next caller
+//    (which took its tag from the virtual time) ahead of callers that came
+//    before it (turns.rs `leave`).
+// ---------------------------------------------------------------------------
+
+mod behind_the_virtual_time {
+    use super::*;
+
+    type Held = Arc<Mutex<Vec<KeyedPermit>>>;
+
+    /// A caller of `key`, named `name`, that records when it is served and
+    /// keeps its permit in `held`: slots free only as the test frees the
+    /// holder's.
+    fn caller(
+        keyed: &KeyedBulkhead<&'static str>,
+        order: &Order,
+        held: &Held,
+        key: &'static str,
+        name: &'static str,
+    ) -> tokio::task::JoinHandle<()> {
+        let (keyed, order, held) = (keyed.clone(), order.clone(), held.clone());
+        tokio::spawn(async move {
+            let permit = keyed.acquire(&key).await.unwrap();
+            order.lock().unwrap().push(name);
+            held.lock().unwrap().push(permit);
+        })
+    }
+
+    async fn run(with_w: bool) -> Vec<&'static str> {
+        let keyed = KeyedBulkhead::new(
+            KeyedConfig::new(Config::new(8, LONG).wait(WAIT))
+                .ceiling(Config::new(8, LONG).wait(WAIT))
+                .weight_per_key(|key: &&str| if *key == "a" { 64 } else { 1 }),
+        );
+        let mut holder: Vec<_> = (0..8)
+            .map(|_| keyed.try_acquire(&"holder").unwrap())
+            .collect();
+        let order: Order = Arc::default();
+        let held: Held = Arc::default();
+        // "b": b0 at tag 0, b1 at tag 64.
+        let b0 = caller(&keyed, &order, &held, "b", "b0");
+        settle().await;
+        let b1 = caller(&keyed, &order, &held, "b", "b1");
+        settle().await;
+        drop(holder.pop());
+        // b0 served: virtual time 0.
+        settle().await;
+        // W of "a" (weight 64) is spawned, then a slot is handed to b1 (tag
+        // 64); W runs before b1 takes its slot up: W's tag is 0.
+        let w = with_w.then(|| caller(&keyed, &order, &held, "a", "w"));
+        drop(holder.pop());
+        // b1 served: virtual time 64.
+        settle().await;
+        assert_eq!(keyed.ceiling().unwrap().waiting(), usize::from(with_w));
+        // "c"'s c0 comes (tag 64), then "a"'s n (tag 64, the virtual time).
+        let c0 = caller(&keyed, &order, &held, "c", "c0");
+        settle().await;
+        let n = caller(&keyed, &order, &held, "a", "n");
+        settle().await;
+        if let Some(w) = w {
+            w.abort();
+            settle().await;
+        }
+        assert_eq!(keyed.ceiling().unwrap().waiting(), 2);
+        drop(holder.pop());
+        settle().await;
+        drop(holder.pop());
+        settle().await;
+        for t in [b0, b1, c0, n] {
+            t.await.unwrap();
+        }
+        drop(holder);
+        held.lock().unwrap().clear();
+        let order = order.lock().unwrap().clone();
+        order
+    }
+
+    /// A caller of "a" (W) comes to its turn while a slot handed at a later tag
+    /// is not yet taken up, so its tag is below what the virtual time becomes.
+    /// When W gives up, "a"'s next caller, which came later and took its tag
+    /// from the virtual time, was moved down into W's old place, ahead of "c"'s
+    /// caller that came before it.
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_that_gave_up_below_the_virtual_time_moves_its_key_s_next_caller_ahead() {
+        let without_w = run(false).await;
+        assert_eq!(without_w, ["b0", "b1", "c0", "n"], "control: w never came");
+        let with_w = run(true).await;
+        assert_eq!(
+            with_w, without_w,
+            "w gave up; its key's n (came after c0, both at the virtual time 64) was moved into w's tag 0, ahead of c0"
+        );
+    }
+}

@@ -195,7 +195,15 @@ impl Turns {
         };
         // The place that frees, with its cost and the carry before it.
         let (mut freed, (mut freed_cost, mut carry_before)) = (tag, figures(caller));
-        if let Some(last) = in_turn.last_entry().filter(|last| last.key().0 > tag) {
+        // A caller behind the virtual time (it came as a slot was being
+        // handed on, before it was taken up) hands on nothing: the key's
+        // callers after it took their tags from the virtual time, not from
+        // it, and would go ahead of callers that came before them.
+        let ahead = tag >= state.served;
+        let last = in_turn
+            .last_entry()
+            .filter(|last| ahead && last.key().0 > tag);
+        if let Some(last) = last {
             let ((last_tag, rank), last) = last.remove_entry();
             let (cost, carry) = figures(caller);
             (freed, (freed_cost, carry_before)) = (last_tag, figures(&last));
@@ -207,15 +215,15 @@ impl Turns {
             ceiling.move_in_line(&last.movable, place_in_turn(tag));
             in_turn.insert((tag, rank), last);
         }
-        // The key's next caller starts at the place that freed (or at the
-        // virtual time, if that is later), with the carry found there if it
-        // was the key's last; never later than it would have.
+        // If the place that freed was its key's last, the key's next caller
+        // starts there (or at the virtual time, if that is later), with the
+        // carry found there; never later than it would have.
         let next_tag = key.next_tag.load(Ordering::Relaxed);
         if freed.saturating_add(freed_cost) == next_tag {
             key.carry.store(carry_before, Ordering::Relaxed);
+            key.next_tag
+                .store(freed.max(state.served).min(next_tag), Ordering::Relaxed);
         }
-        key.next_tag
-            .store(freed.max(state.served).min(next_tag), Ordering::Relaxed);
     }
 }
 
