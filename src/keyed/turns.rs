@@ -195,14 +195,18 @@ impl Turns {
         };
         // The place that frees, with its cost and the carry before it.
         let (mut freed, (mut freed_cost, mut carry_before)) = (tag, figures(caller));
-        // A caller behind the virtual time (it came as a slot was being
-        // handed on, before it was taken up) hands on nothing: the key's
-        // callers after it took their tags from the virtual time, not from
-        // it, and would go ahead of callers that came before them.
-        let ahead = tag >= state.served;
+        // Handed on only along the key's chain: if the key's next caller in
+        // line took its tag from the virtual time (it came after the key's
+        // turns had fallen behind it, as a caller that came while a slot
+        // was being handed on can), not from this caller's place, its
+        // callers would go ahead of others that came before them.
+        let chained = in_turn
+            .range((tag, 0)..)
+            .next()
+            .is_some_and(|(&(next, _), _)| next == tag.saturating_add(freed_cost));
         let last = in_turn
             .last_entry()
-            .filter(|last| ahead && last.key().0 > tag);
+            .filter(|last| chained && last.key().0 > tag);
         if let Some(last) = last {
             let ((last_tag, rank), last) = last.remove_entry();
             let (cost, carry) = figures(caller);
@@ -352,6 +356,32 @@ mod tests {
         turns.leave(&key, &first, false, &ceiling);
         assert_eq!(tag_now(&behind), 256);
         assert_eq!(tag_now(&turns.enter(&key, 1, false)), 320);
+    }
+
+    #[test]
+    fn a_caller_that_gives_up_hands_on_along_its_key_s_chain_only() {
+        let (turns, ceiling) = (Turns::default(), ceiling());
+        let (key, other) = (KeyTurn::default(), KeyTurn::default());
+        // Its key's chain unbroken, a caller served out of turn behind it
+        // (a busy runtime): one that gives up behind the virtual time still
+        // hands its place on.
+        let x = turns.enter(&key, 1, false);
+        let (o0, o1) = (turns.enter(&other, 1, false), turns.enter(&other, 1, false));
+        let (y, z) = (turns.enter(&key, 1, false), turns.enter(&key, 1, false));
+        turns.leave(&other, &o0, true, &ceiling);
+        turns.leave(&other, &o1, true, &ceiling);
+        turns.leave(&key, &x, false, &ceiling);
+        assert_eq!((tag_now(&y), tag_now(&z)), (64, 0));
+        assert_eq!(key.next_tag.load(Ordering::Relaxed), 128);
+        // A caller whose key's next caller took its tag from the virtual
+        // time hands nothing on: that caller would go ahead of others.
+        let (turns, late) = (Turns::default(), KeyTurn::default());
+        let behind = turns.enter(&late, 1, false);
+        let served = turns.enter(&other, 1, false);
+        turns.leave(&other, &served, true, &ceiling);
+        let from_the_virtual_time = turns.enter(&late, 1, false);
+        turns.leave(&late, &behind, false, &ceiling);
+        assert_eq!(tag_now(&from_the_virtual_time), 128);
     }
 
     #[test]
