@@ -89,10 +89,10 @@ impl Acquire {
         }
     }
 
-    /// The caller goes to the line at `movable`'s place, which its owner
-    /// may move while it waits.
-    pub(crate) fn in_movable_place(mut self, movable: Arc<MovablePlace>) -> Self {
-        self.movable = Some(movable);
+    /// The caller goes to the line at `movable`'s place, if there is one,
+    /// which its owner may move while it waits.
+    pub(crate) fn in_movable_place(mut self, movable: Option<Arc<MovablePlace>>) -> Self {
+        self.movable = movable;
         self
     }
 

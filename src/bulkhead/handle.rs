@@ -188,15 +188,18 @@ impl Bulkhead {
     }
 
     /// [`acquire_with_priority`](Self::acquire_with_priority), going to
-    /// `movable`'s place in a line ordered by priority, which
-    /// [`move_in_line`](Self::move_in_line) may change while it waits.
-    pub(crate) fn acquire_in_movable_place(
+    /// `place` in a line ordered by priority (the priority only names the
+    /// caller in the metrics), or to `movable`'s place, which
+    /// [`move_in_line`](Self::move_in_line) may change while it waits: for
+    /// an order the crate computes itself.
+    pub(crate) fn acquire_in_place(
         &self,
         priority: i32,
-        movable: Arc<MovablePlace>,
+        place: i64,
+        movable: Option<Arc<MovablePlace>>,
     ) -> Acquire {
-        Acquire::new(self.shared.clone(), Ticket::new().priority(priority))
-            .in_movable_place(movable)
+        let ticket = Ticket::new().priority(priority).place_in_line(place);
+        Acquire::new(self.shared.clone(), ticket).in_movable_place(movable)
     }
 
     /// Moves the caller of `movable` to `place` in this bulkhead's line (or,

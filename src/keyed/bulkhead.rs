@@ -494,8 +494,8 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         {
             let waiting =
                 WaitingForCeiling::enter(&held.line, &held.bulkhead, &self.inner.turns, ceiling);
-            let acquire =
-                ceiling.acquire_in_movable_place(waiting.turn.priority(), waiting.turn.movable());
+            let turn = &waiting.turn;
+            let acquire = ceiling.acquire_in_place(turn.priority(), turn.place, turn.movable());
             let mut in_line = std::pin::pin!(InCeilingLine { waiting, acquire });
             ceiling_slot =
                 std::future::poll_fn(|cx| in_line.as_mut().project().acquire.poll_granted(cx))

@@ -114,12 +114,11 @@ impl Turn {
         -i32::from(self.place == FIRST)
     }
 
-    /// Its place in the ceiling's line, which [`Turns::leave`] may move.
-    pub(crate) fn movable(&self) -> Arc<MovablePlace> {
-        match &self.in_turn {
-            Some((in_turn, _)) => in_turn.movable.clone(),
-            None => Arc::new(MovablePlace::new(self.place)),
-        }
+    /// Its place in the ceiling's line that [`Turns::leave`] may move: a
+    /// caller taking turns has one; one below its key's share stays first.
+    pub(crate) fn movable(&self) -> Option<Arc<MovablePlace>> {
+        let (in_turn, _) = self.in_turn.as_ref()?;
+        Some(in_turn.movable.clone())
     }
 }
 
