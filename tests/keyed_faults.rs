@@ -24,6 +24,22 @@ use support::turns::{order_served, served_in_turns};
 const LONG: Duration = Duration::from_secs(30);
 const GENEROUS: Duration = Duration::from_secs(60);
 
+/// A per-key limit and a ceiling of 8 (a key's limit is held to the
+/// ceiling's), each waiting up to `wait`.
+fn eight_at_once(wait: Duration) -> KeyedConfig<&'static str> {
+    KeyedConfig::new(Config::new(8, LONG).wait(wait)).ceiling(Config::new(8, LONG).wait(wait))
+}
+
+/// `config`'s keyed bulkhead with its ceiling of 8 full, held by key
+/// "holder".
+fn filled(config: KeyedConfig<&'static str>) -> (KeyedBulkhead<&'static str>, Vec<KeyedPermit>) {
+    let keyed = KeyedBulkhead::new(config);
+    let held = (0..8)
+        .map(|_| keyed.try_acquire(&"holder").unwrap())
+        .collect();
+    (keyed, held)
+}
+
 // ---------------------------------------------------------------------------
 // Two first calls of the same new key: the second is refused as if it
 //    were a key too many (keys.rs `insert`: the reservation is per caller,
@@ -150,13 +166,10 @@ fn two_first_calls_of_one_new_key_evict_no_key_that_fits() {
 #[tokio::test(start_paused = true)]
 async fn a_key_whose_callers_gave_up_is_not_put_behind_the_others_backlog() {
     // A key's limit is held to the ceiling's: 8 each.
-    let keyed = KeyedBulkhead::new(
+    let (keyed, mut held) = filled(
         KeyedConfig::new(Config::new(8, LONG).wait(Duration::from_secs(10)))
             .ceiling(Config::new(8, LONG).wait(Duration::from_millis(50))),
     );
-    let mut held: Vec<_> = (0..8)
-        .map(|_| keyed.try_acquire(&"holder").unwrap())
-        .collect();
     let mut gave_up = Vec::new();
     for _ in 0..8 {
         let keyed = keyed.clone();
@@ -594,12 +607,7 @@ async fn settle() {
 #[tokio::test(start_paused = true)]
 async fn a_caller_whose_earlier_key_mates_were_cancelled_keeps_its_turn() {
     let wait = Duration::from_secs(10);
-    let keyed = KeyedBulkhead::new(
-        KeyedConfig::new(Config::new(8, LONG).wait(wait)).ceiling(Config::new(8, LONG).wait(wait)),
-    );
-    let mut held: Vec<_> = (0..8)
-        .map(|_| keyed.try_acquire(&"holder").unwrap())
-        .collect();
+    let (keyed, mut held) = filled(eight_at_once(wait));
     let order = Arc::new(Mutex::new(Vec::new()));
     let spawn = |key: &'static str, name: String| {
         let (keyed, order) = (keyed.clone(), order.clone());
@@ -654,14 +662,11 @@ async fn a_caller_whose_earlier_key_mates_were_cancelled_keeps_its_turn() {
 #[tokio::test(start_paused = true)]
 async fn cancelled_key_mates_push_a_light_caller_past_its_wait() {
     let wait = Duration::from_millis(300);
-    let keyed = KeyedBulkhead::new(
-        KeyedConfig::new(Config::new(8, LONG).wait(wait))
-            .ceiling(Config::new(8, LONG).wait(wait))
-            .weight_per_key(|key: &&str| if *key == "heavy" { usize::MAX } else { 0 }),
-    );
-    let mut held: Vec<_> = (0..8)
-        .map(|_| keyed.try_acquire(&"holder").unwrap())
-        .collect();
+    let (keyed, mut held) =
+        filled(
+            eight_at_once(wait)
+                .weight_per_key(|key: &&str| if *key == "heavy" { usize::MAX } else { 0 }),
+        );
     let mut light = Vec::new();
     for _ in 0..8 {
         let keyed = keyed.clone();
@@ -733,14 +738,8 @@ async fn cancelled_key_mates_push_a_light_caller_past_its_wait() {
 #[tokio::test(start_paused = true)]
 async fn callers_below_their_share_that_hang_up_push_their_key_s_next_caller_back() {
     let wait = Duration::from_secs(10);
-    let keyed = KeyedBulkhead::new(
-        KeyedConfig::new(Config::new(8, LONG).wait(wait))
-            .ceiling(Config::new(8, LONG).wait(wait))
-            .guarantee_per_key(|key: &&str| if *key == "k" { 2 } else { 0 }),
-    );
-    let mut held: Vec<_> = (0..8)
-        .map(|_| keyed.try_acquire(&"holder").unwrap())
-        .collect();
+    let (keyed, mut held) =
+        filled(eight_at_once(wait).guarantee_per_key(|key: &&str| if *key == "k" { 2 } else { 0 }));
     let order = Arc::new(Mutex::new(Vec::new()));
     let permits = Arc::new(Mutex::new(Vec::new()));
     let spawn = |key: &'static str, name: &'static str| {
@@ -834,14 +833,7 @@ fn caller(
 #[tokio::test(start_paused = true)]
 async fn a_caller_dropped_with_its_slot_handed_hands_it_past_its_key_s_next_caller() {
     let run = |with_x: bool| async move {
-        let keyed = KeyedBulkhead::new(
-            KeyedConfig::new(Config::new(8, LONG).wait(WAIT))
-                .ceiling(Config::new(8, LONG).wait(WAIT)),
-        );
-        // The ceiling is full (a key's limit is held to the ceiling's: 8).
-        let mut held: Vec<_> = (0..8)
-            .map(|_| keyed.try_acquire(&"holder").unwrap())
-            .collect();
+        let (keyed, mut held) = filled(eight_at_once(WAIT));
         let holder = held.pop().unwrap();
         let order: Order = Arc::default();
         let a = "a";
@@ -879,14 +871,7 @@ async fn a_caller_dropped_with_its_slot_handed_hands_it_past_its_key_s_next_call
 fn full_ceiling(
     weight: fn(&&'static str) -> usize,
 ) -> (KeyedBulkhead<&'static str>, Vec<KeyedPermit>, KeyedPermit) {
-    let keyed = KeyedBulkhead::new(
-        KeyedConfig::new(Config::new(8, LONG).wait(WAIT))
-            .ceiling(Config::new(8, LONG).wait(WAIT))
-            .weight_per_key(weight),
-    );
-    let mut held: Vec<_> = (0..8)
-        .map(|_| keyed.try_acquire(&"holder").unwrap())
-        .collect();
+    let (keyed, mut held) = filled(eight_at_once(WAIT).weight_per_key(weight));
     let holder = held.pop().unwrap();
     (keyed, held, holder)
 }
@@ -1074,14 +1059,10 @@ mod behind_the_virtual_time {
     }
 
     async fn run(with_w: bool) -> Vec<&'static str> {
-        let keyed = KeyedBulkhead::new(
-            KeyedConfig::new(Config::new(8, LONG).wait(WAIT))
-                .ceiling(Config::new(8, LONG).wait(WAIT))
-                .weight_per_key(|key: &&str| if *key == "a" { 64 } else { 1 }),
-        );
-        let mut holder: Vec<_> = (0..8)
-            .map(|_| keyed.try_acquire(&"holder").unwrap())
-            .collect();
+        let (keyed, mut holder) =
+            filled(
+                eight_at_once(WAIT).weight_per_key(|key: &&str| if *key == "a" { 64 } else { 1 }),
+            );
         let order: Order = Arc::default();
         let held: Held = Arc::default();
         // "b": b0 at tag 0, b1 at tag 64.
