@@ -8,7 +8,7 @@
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig};
+use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig, KeyedPermit};
 use tower_inflight::{Bulkhead, Config, ManualClock, ShedReason};
 
 const LONG: Duration = Duration::from_secs(30);
@@ -168,12 +168,10 @@ fn a_key_that_reports_metrics_counts_as_any_key() {
 // A caller of the ceiling itself.
 // ---------------------------------------------------------------------------
 
-/// A caller of the ceiling's own `acquire` goes ahead of a key's caller
-/// taking its turn, even one that came first, and even at the first turn
-/// (the virtual time at 0, where a key's tag starts).
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_direct_caller_of_the_ceiling_goes_ahead_of_a_key_taking_its_turn() {
-    let keyed: KeyedBulkhead<u32> = KeyedBulkhead::new(
+/// A keyed bulkhead whose ceiling of 2 (with a wait budget) is full, both
+/// slots held by key 1.
+fn ceiling_full_of_key_one() -> (KeyedBulkhead<u32>, (KeyedPermit, KeyedPermit)) {
+    let keyed = KeyedBulkhead::new(
         KeyedConfig::new(Config::new(2, LONG))
             .ceiling(Config::new(2, LONG).wait(Duration::from_secs(10))),
     );
@@ -181,6 +179,15 @@ async fn a_direct_caller_of_the_ceiling_goes_ahead_of_a_key_taking_its_turn() {
         keyed.try_acquire(&1).unwrap(),
         keyed.try_acquire(&1).unwrap(),
     );
+    (keyed, held)
+}
+
+/// A caller of the ceiling's own `acquire` goes ahead of a key's caller
+/// taking its turn, even one that came first, and even at the first turn
+/// (the virtual time at 0, where a key's tag starts).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_direct_caller_of_the_ceiling_goes_ahead_of_a_key_taking_its_turn() {
+    let (keyed, held) = ceiling_full_of_key_one();
     let by_key = tokio::spawn({
         let keyed = keyed.clone();
         async move { keyed.acquire(&2).await }
@@ -218,14 +225,7 @@ async fn a_direct_caller_of_the_ceiling_goes_ahead_of_a_key_taking_its_turn() {
 /// key's first two tags, 0 and 64): still ahead of the keys' turns.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_direct_caller_of_priority_100_goes_ahead_of_keys_in_their_first_turns() {
-    let keyed: KeyedBulkhead<u32> = KeyedBulkhead::new(
-        KeyedConfig::new(Config::new(2, LONG))
-            .ceiling(Config::new(2, LONG).wait(Duration::from_secs(10))),
-    );
-    let held = (
-        keyed.try_acquire(&1).unwrap(),
-        keyed.try_acquire(&1).unwrap(),
-    );
+    let (keyed, held) = ceiling_full_of_key_one();
     // Two callers of key 2 in line: tags 0 and 64.
     let by_key: Vec<_> = (0..2)
         .map(|_| {
