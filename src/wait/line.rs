@@ -261,4 +261,45 @@ mod tests {
             assert_eq!(served, ['a', 'b', 'd'], "{order:?}");
         }
     }
+
+    /// A move changes a line ordered by priority only: under the others, a
+    /// freed slot still goes to whoever their order says (promise 4: new
+    /// arrivals never overtake parked callers). A moved entry leaves by its
+    /// new place, and one no longer there is never put back.
+    #[test]
+    fn a_move_reorders_a_line_by_priority_only_and_leaves_nothing_behind() {
+        for order in [
+            QueueOrder::Fifo,
+            QueueOrder::Lifo,
+            QueueOrder::PriorityFifo,
+            QueueOrder::PriorityLifo,
+            QueueOrder::AdaptiveLifo { after: 1 },
+            QueueOrder::custom(|a, b| a.priority().cmp(&b.priority())),
+        ] {
+            let unmoved = served(order.clone(), ARRIVALS);
+            let by_priority = matches!(order, QueueOrder::PriorityFifo | QueueOrder::PriorityLifo);
+            let mut line = Line::new(order.clone());
+            let places: Vec<Place> = ARRIVALS
+                .iter()
+                .map(|&(priority, name)| line.push(priority, 1, name))
+                .collect();
+            let last = places[ARRIVALS.len() - 1];
+            let moved = line.move_to(last, i64::MIN);
+            assert_eq!(moved != last, by_priority, "{order:?}");
+            let next = line.peek_next(ARRIVALS.len()).map(|(_, &name)| name);
+            let expected = if by_priority {
+                Some('d')
+            } else {
+                unmoved.chars().next()
+            };
+            assert_eq!(next, expected, "{order:?}");
+            assert_eq!(line.remove(moved), Some('d'), "{order:?}");
+            assert_eq!(
+                line.move_to(moved, 0),
+                moved,
+                "{order:?}: gone, not put back"
+            );
+            assert_eq!(line.len(), ARRIVALS.len() - 1, "{order:?}");
+        }
+    }
 }
