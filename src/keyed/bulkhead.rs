@@ -11,6 +11,7 @@ use crate::slots::Claim;
 use crate::sync::{Arc, Ordering};
 use std::fmt;
 use std::hash::Hash;
+use std::pin::Pin;
 use std::time::Duration;
 
 /// How a [`KeyedBulkhead`] is built: the configuration of each key's
@@ -471,7 +472,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
                     .ok_or_else(|| self.too_many_keys())?;
                 // Granted, not yet admitted: the key counts the call once
                 // the ceiling's slot is held too.
-                let granted = granted(bulkhead.acquire()).await?;
+                let granted = granted(std::pin::pin!(bulkhead.acquire())).await?;
                 HeldKey {
                     granted,
                     bulkhead,
@@ -497,9 +498,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             let turn = &waiting.turn;
             let acquire = ceiling.acquire_in_place(turn.priority(), turn.place, turn.movable());
             let mut in_line = std::pin::pin!(InCeilingLine { waiting, acquire });
-            ceiling_slot =
-                std::future::poll_fn(|cx| in_line.as_mut().project().acquire.poll_granted(cx))
-                    .await?;
+            ceiling_slot = granted(in_line.as_mut().project().acquire).await?;
             // Both still hold their slots, or neither is counted: a slot
             // taken up late (a busy runtime) may have been reclaimed
             // meanwhile, and its call then claims a fresh one, or is shed by
@@ -675,8 +674,7 @@ impl HeldKey {
 }
 
 /// The slots `acquire` waits for, granted but not yet made a permit.
-async fn granted(acquire: Acquire) -> Result<Granted, ServiceSaturated> {
-    let mut acquire = std::pin::pin!(acquire);
+async fn granted(mut acquire: Pin<&mut Acquire>) -> Result<Granted, ServiceSaturated> {
     std::future::poll_fn(|cx| acquire.as_mut().poll_granted(cx)).await
 }
 
