@@ -18,7 +18,7 @@ pub(crate) struct MovablePlace(Mutex<Movable>);
 #[derive(Debug)]
 struct Movable {
     place: i64,
-    /// The caller's node, once it is in line.
+    /// The caller's node, once it comes to the line.
     node: Option<Arc<Node>>,
 }
 
@@ -27,12 +27,12 @@ impl MovablePlace {
         Self(Mutex::new(Movable { place, node: None }))
     }
 
-    /// Where the caller goes: read, and its node noted once it is in line,
-    /// under the line's lock.
-    pub(crate) fn arrive(&self, parked: impl FnOnce(i64) -> Arc<Node>) {
+    /// Where the caller of `node` goes, its node noted: under the line's
+    /// lock, as it comes to the line.
+    pub(crate) fn arrive(&self, node: Arc<Node>) -> i64 {
         let mut movable = lock(&self.0);
-        let node = parked(movable.place);
         movable.node = Some(node);
+        movable.place
     }
 
     /// Moves the place to `place`, and the caller's node with it if it is

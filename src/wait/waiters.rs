@@ -350,19 +350,14 @@ impl Waiters {
             priority,
             place: Mutex::new(None),
         });
-        let mut push = |ticket: Ticket| {
-            let place = queue.push_ticket(ticket, node.clone());
-            *lock(&node.place) = Some(place);
-            node.clone()
+        // A movable place is read, and the node noted beside it, under the
+        // line's lock: a move comes before or after, never between.
+        let ticket = match movable {
+            Some(movable) => ticket.place_in_line(movable.arrive(node.clone())),
+            None => ticket,
         };
-        match movable {
-            // Its place read, and its node noted, under the line's lock: a
-            // move comes before or after, never between.
-            Some(movable) => movable.arrive(|place| push(ticket.place_in_line(place))),
-            None => {
-                push(ticket);
-            }
-        }
+        let place = queue.push_ticket(ticket, node.clone());
+        *lock(&node.place) = Some(place);
         // `SeqCst`: the arrival's side of the store-buffering pattern with a
         // releaser (see `after_release`): counted in, then the slots read.
         self.parked.fetch_add(1, Ordering::SeqCst);
