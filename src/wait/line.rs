@@ -214,6 +214,18 @@ mod tests {
 
     const ARRIVALS: &[(i32, char)] = &[(1, 'a'), (0, 'b'), (1, 'c'), (0, 'd')];
 
+    /// One line of each order, a custom one by priority among them.
+    fn every_order() -> [QueueOrder; 6] {
+        [
+            QueueOrder::Fifo,
+            QueueOrder::Lifo,
+            QueueOrder::PriorityFifo,
+            QueueOrder::PriorityLifo,
+            QueueOrder::AdaptiveLifo { after: 1 },
+            QueueOrder::custom(|a, b| a.priority().cmp(&b.priority())),
+        ]
+    }
+
     #[test]
     fn each_order_serves_its_own_sequence() {
         assert_eq!(served(QueueOrder::Fifo, ARRIVALS), "abcd");
@@ -240,14 +252,7 @@ mod tests {
 
     #[test]
     fn an_entry_removed_from_the_middle_is_gone_under_every_order() {
-        for order in [
-            QueueOrder::Fifo,
-            QueueOrder::Lifo,
-            QueueOrder::PriorityFifo,
-            QueueOrder::PriorityLifo,
-            QueueOrder::AdaptiveLifo { after: 1 },
-            QueueOrder::custom(|a, b| a.priority().cmp(&b.priority())),
-        ] {
+        for order in every_order() {
             let mut line = Line::new(order.clone());
             let places: Vec<Place> = ARRIVALS
                 .iter()
@@ -268,14 +273,7 @@ mod tests {
     /// new place, and one no longer there is never put back.
     #[test]
     fn a_move_reorders_a_line_by_priority_only_and_leaves_nothing_behind() {
-        for order in [
-            QueueOrder::Fifo,
-            QueueOrder::Lifo,
-            QueueOrder::PriorityFifo,
-            QueueOrder::PriorityLifo,
-            QueueOrder::AdaptiveLifo { after: 1 },
-            QueueOrder::custom(|a, b| a.priority().cmp(&b.priority())),
-        ] {
+        for order in every_order() {
             let unmoved = served(order.clone(), ARRIVALS);
             let by_priority = matches!(order, QueueOrder::PriorityFifo | QueueOrder::PriorityLifo);
             let mut line = Line::new(order.clone());
