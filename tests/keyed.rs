@@ -107,6 +107,35 @@ fn idle_keys_are_evicted_and_held_keys_never_are() {
     assert!(keyed.try_acquire(&"another").is_ok());
 }
 
+/// Many keys are spread over several maps, each behind its own lock:
+/// `max_keys` still bounds them all together, and an idle key in any of
+/// them makes room for a new key of any other.
+#[test]
+fn max_keys_bounds_every_key_together_and_any_idle_key_makes_room() {
+    const MAX_KEYS: u64 = 256;
+    let keyed = KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(256));
+    for key in 0..MAX_KEYS {
+        drop(keyed.try_acquire(&key).expect("room for a key"));
+    }
+    // Each new key, held, evicts an idle one, wherever it is; the last ones
+    // find none left in their own map.
+    let held: Vec<_> = (MAX_KEYS..2 * MAX_KEYS)
+        .map(|key| {
+            keyed
+                .try_acquire(&key)
+                .unwrap_or_else(|shed| panic!("new key {key}: {shed:?}"))
+        })
+        .collect();
+    assert_eq!(keyed.keys(), 256);
+    assert_eq!(
+        reason(keyed.try_acquire(&(2 * MAX_KEYS))),
+        ShedReason::TooManyKeys
+    );
+    let status = keyed.status(0);
+    assert_eq!((status.keys, status.evicted), (256, 256));
+    drop(held);
+}
+
 #[test]
 fn a_key_s_leaked_slot_is_reclaimed_after_reclaim_after_not_before() {
     let clock = ManualClock::new();

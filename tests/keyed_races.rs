@@ -393,3 +393,43 @@ mod collisions {
         assert!(keyed.keys() <= 2);
     }
 }
+
+/// Threads make new keys at once over many shards, each holding some of
+/// its keys' permits a while: never more than `max_keys` keys held, and no
+/// place lost. Once they are done, `max_keys` new keys, all held, are all
+/// admitted: a place lost (taken in one shard for a key and never given
+/// back) would leave one of them with nothing to evict.
+#[test]
+fn new_keys_racing_over_many_shards_never_pass_max_keys_nor_lose_a_place() {
+    const MAX_KEYS: usize = 256;
+    let keyed = KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(MAX_KEYS));
+    std::thread::scope(|scope| {
+        for thread in 0..4u64 {
+            let keyed = &keyed;
+            scope.spawn(move || {
+                let mut held = std::collections::VecDeque::new();
+                for key in thread * 100_000..thread * 100_000 + 3_000 {
+                    if let Ok(permit) = keyed.try_acquire(&key) {
+                        held.push_back(permit);
+                    }
+                    // Up to 40 held a thread: 160 of 256, so new keys keep
+                    // evicting idle ones, in their own shard or another.
+                    if held.len() > (key % 40) as usize {
+                        held.pop_front();
+                    }
+                    assert!(keyed.keys() <= MAX_KEYS, "{} keys held", keyed.keys());
+                }
+            });
+        }
+    });
+    assert!(keyed.keys() <= MAX_KEYS);
+    let held: Vec<_> = (0..MAX_KEYS as u64)
+        .map(|key| {
+            keyed
+                .try_acquire(&(1_000_000 + key))
+                .unwrap_or_else(|shed| panic!("new key {key} after the race: {shed:?}"))
+        })
+        .collect();
+    assert_eq!(keyed.keys(), MAX_KEYS);
+    drop(held);
+}

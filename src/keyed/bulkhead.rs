@@ -163,6 +163,11 @@ impl<K> KeyedConfig<K> {
     /// looks at no more than 128 keys for one to evict (from where the last
     /// one stopped), so with more than 128 busy at once, a new key may be
     /// shed while an idle key lies further on.
+    ///
+    /// The keys are spread over one map for every 64 of `max_keys` (up to
+    /// four for each core), each behind its own lock, so that calls of
+    /// different keys on different cores rarely write one lock's word; the
+    /// 128 keys a new key looks at are shared among them, its own first.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self

@@ -1,10 +1,13 @@
 //! The keys a keyed bulkhead holds: a bulkhead per key, made on a key's
 //! first call, and evicted once nothing holds it, so that no stream of
-//! distinct keys makes memory grow past `max_keys`.
+//! distinct keys makes memory grow past `max_keys`. The keys are spread over
+//! shards (see `shards`), each a map behind its own lock; `max_keys` bounds
+//! them all together.
 
 use crate::bulkhead::{Bulkhead, History};
 use crate::config::Config;
 use crate::error::ShedReason;
+use crate::keyed::shards::{shard_count, shard_of};
 use crate::keyed::turns::{weight, KeyTurn};
 use crate::keyed::KeyStatus;
 use crate::slots::Claim;
@@ -18,6 +21,8 @@ use std::hash::Hash;
 
 /// How many keys one new key may look at to find one to evict, so that a
 /// flood of new keys while every key is busy costs a bounded amount each.
+/// Shared out evenly among the shards, its own first: each shard keeps its
+/// idle keys at the front of its ring, so a few from each find one.
 const SWEEP: usize = 128;
 
 /// How many labels of keys ever report metrics, at most: a bound on the
@@ -123,6 +128,13 @@ fn note_taken(last_taken: &AtomicU64, at: u64) {
     }
 }
 
+/// One shard of the keys, on a cache line of its own: calls of keys of
+/// different shards write different lines.
+#[repr(align(128))]
+struct Shard<K> {
+    map: RwLock<Map<K>>,
+}
+
 struct Map<K> {
     entries: HashMap<K, Entry>,
     /// Every key in `entries`, once, in the order the sweep visits them.
@@ -132,6 +144,7 @@ struct Map<K> {
     /// call to the key's own `Hash` or `Eq`, either of which may panic. (Two
     /// keys of one hash made at once share a place, and the second to come
     /// back may find no room: a call shed, never a key past `max_keys`.)
+    /// Each place is counted in `Keys::places`.
     making: Vec<u64>,
 }
 
@@ -149,7 +162,15 @@ impl<K> Map<K> {
 }
 
 pub(crate) struct Keys<K> {
-    map: RwLock<Map<K>>,
+    /// A power of two of them.
+    shards: Box<[Shard<K>]>,
+    /// The keys held and being made, in every shard: never past `max_keys`.
+    places: AtomicUsize,
+    /// The keys held, in every shard: counted as each goes in and out of
+    /// its shard's map (a sum over the shards, read one after another,
+    /// could count a key evicted from one and the key that took its place
+    /// in another).
+    held: AtomicUsize,
     template: Config,
     /// The most slots a key may have: the ceiling's limit (a key can never
     /// use more), or the most any bulkhead has.
@@ -178,12 +199,43 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         label_of: Option<LabelOf<K>>,
         max_keys: usize,
     ) -> Self {
+        Self::sharded(
+            template,
+            max_limit,
+            limit_of,
+            guarantee_of,
+            weight_of,
+            label_of,
+            max_keys,
+            shard_count(max_keys),
+        )
+    }
+
+    /// [`new`](Self::new) with `shards` shards, a power of two.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn sharded(
+        template: Config,
+        max_limit: Option<usize>,
+        limit_of: Option<LimitOf<K>>,
+        guarantee_of: Option<LimitOf<K>>,
+        weight_of: Option<LimitOf<K>>,
+        label_of: Option<LabelOf<K>>,
+        max_keys: usize,
+        shards: usize,
+    ) -> Self {
+        debug_assert!(shards.is_power_of_two());
         Self {
-            map: RwLock::new(Map {
-                entries: HashMap::new(),
-                ring: VecDeque::new(),
-                making: Vec::new(),
-            }),
+            shards: (0..shards)
+                .map(|_| Shard {
+                    map: RwLock::new(Map {
+                        entries: HashMap::new(),
+                        ring: VecDeque::new(),
+                        making: Vec::new(),
+                    }),
+                })
+                .collect(),
+            places: AtomicUsize::new(0),
+            held: AtomicUsize::new(0),
             template,
             max_limit: max_limit.unwrap_or(MAX_SLOTS).clamp(1, MAX_SLOTS),
             limit_of,
@@ -197,10 +249,16 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         }
     }
 
+    /// The shard that holds `key`.
+    #[inline(always)]
+    fn shard(&self, key: &K) -> usize {
+        shard_of(key, self.shards.len())
+    }
+
     /// `found` of `key`'s entry, made if it is new; `None` if it is new
     /// and `max_keys` keys are held, none of them idle.
     ///
-    /// `found` runs under the map's lock: the sweep, under the write lock,
+    /// `found` runs under the shard's lock: the sweep, under the write lock,
     /// never sees a caller between finding the key and taking its slot (or
     /// the `Arc` of its line, for a caller that waits).
     // `always`: what `found` returns (a permit) must reach the caller in
@@ -208,49 +266,67 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     // (benches/keyed.rs).
     #[inline(always)]
     pub(crate) fn find<R>(&self, key: &K, found: impl FnOnce(&Entry) -> R) -> Option<R> {
+        let at = self.shard(key);
         {
-            let map = read(&self.map);
+            let map = read(&self.shards[at].map);
             if let Some(entry) = map.entries.get(key) {
                 entry.mark_used();
                 return Some(found(entry));
             }
         }
-        self.insert(key, found)
+        self.insert(at, key, found)
     }
 
     /// `found` of `key`'s entry if it is held; nothing is made.
     pub(crate) fn get<R>(&self, key: &K, found: impl FnOnce(&Entry) -> R) -> Option<R> {
-        let map = read(&self.map);
+        let map = read(&self.shards[self.shard(key)].map);
         map.entries.get(key).map(found)
     }
 
     #[cold]
-    fn insert<R>(&self, key: &K, found: impl FnOnce(&Entry) -> R) -> Option<R> {
+    fn insert<R>(&self, at: usize, key: &K, found: impl FnOnce(&Entry) -> R) -> Option<R> {
+        let shard = &self.shards[at].map;
         // Room first: a key refused allocates nothing. One place a key, held
         // while its hash is in `making`: a second caller of a key being made
         // takes none.
-        let (maker, hash) = {
-            let mut map = write(&self.map);
+        let mut elsewhere = None;
+        let (maker, hash) = loop {
+            let mut map = write(shard);
             if let Some(entry) = map.entries.get(key) {
                 return Some(found(entry)); // made meanwhile
             }
             let hash = map.entries.hasher().hash_one(key);
             if map.making.contains(&hash) {
-                (None, hash)
-            } else if self.make_room(&mut map) {
+                drop(elsewhere.take());
+                break (None, hash);
+            }
+            let place = match elsewhere.take() {
+                Some(place) => Some(place),
+                None => self.room_here(&mut map),
+            };
+            if let Some(place) = place {
                 map.making.push(hash);
+                place.keep();
                 // The place is given back however this ends, a panicking
                 // limit function included.
-                (Some(Maker { keys: self, hash }), hash)
-            } else {
-                self.refused.fetch_add(1, Ordering::Relaxed);
-                return None;
+                break (
+                    Some(Maker {
+                        keys: self,
+                        at,
+                        hash,
+                    }),
+                    hash,
+                );
             }
+            // Another shard's lock is never taken under this one's: with
+            // two held, two new keys could each wait for the other's.
+            drop(map);
+            elsewhere = Some(self.room_elsewhere(at)?);
         };
         // Made outside the lock: a key with a large limit takes a while to
         // build, and the limit functions may look at this keyed bulkhead.
         let entry = self.make_entry(key);
-        let mut map = write(&self.map);
+        let mut map = write(shard);
         if let Some(maker) = maker {
             maker.done();
         }
@@ -258,32 +334,78 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         // caller takes the place of a maker not back yet, who then finds the
         // key made, or, if it was evicted meanwhile, needs room again), or
         // room now. Taken before the key's own code runs again: if its
-        // `Hash`, `Eq` or `Clone` panics below, no place is left held.
-        let placed = map.take_place(hash);
+        // `Hash`, `Eq` or `Clone` panics below, the place is given back.
+        let mut place = map.take_place(hash).then(|| Place { keys: self });
         if map.entries.contains_key(key) {
-            if placed {
+            if let Some(place) = place {
                 // Another key's, of the same hash: not ours to take.
                 map.making.push(hash);
+                place.keep();
             }
             return map.entries.get(key).map(found); // made meanwhile: ours is dropped
         }
-        if !placed && !self.make_room(&mut map) {
-            self.refused.fetch_add(1, Ordering::Relaxed);
-            return None;
+        if place.is_none() {
+            place = self.room_here(&mut map);
         }
+        let place = match place {
+            Some(place) => place,
+            None => {
+                drop(map);
+                let place = self.room_elsewhere(at)?;
+                map = write(shard);
+                if map.entries.contains_key(key) {
+                    return map.entries.get(key).map(found); // made meanwhile
+                }
+                place
+            }
+        };
         let found = found(&entry);
         // The ring first: a key in the ring and not in the map (a `Clone`
         // or `Hash` that panicked) is passed over by the sweep, while a key
         // in the map and not in the ring could never be evicted.
         map.ring.push_back(key.clone());
         map.entries.insert(key.clone(), entry);
+        // Relaxed: a count; the key itself is published by the lock.
+        self.held.fetch_add(1, Ordering::Relaxed);
+        place.keep();
         Some(found)
     }
 
-    /// Whether a new key fits: fewer than `max_keys` are held or being
-    /// made, or one was evicted.
-    fn make_room(&self, map: &mut Map<K>) -> bool {
-        map.entries.len() + map.making.len() < self.max_keys || self.evict_one(map)
+    /// A place for a new key in the shard of `map`: one of the `max_keys`
+    /// not taken, or that of a key of the shard evicted.
+    fn room_here(&self, map: &mut Map<K>) -> Option<Place<'_, K>> {
+        if self.take_free_place() || self.evict_one(map) {
+            Some(Place { keys: self })
+        } else {
+            None
+        }
+    }
+
+    /// A place for a new key of shard `at`, which found no room in its own
+    /// shard: that of a key evicted from another (or one given back
+    /// meanwhile). `None`, counted as refused, if there is none.
+    #[cold]
+    fn room_elsewhere(&self, at: usize) -> Option<Place<'_, K>> {
+        let count = self.shards.len();
+        for step in 1..count {
+            let mut map = write(&self.shards[(at + step) % count].map);
+            if self.take_free_place() || self.evict_one(&mut map) {
+                return Some(Place { keys: self });
+            }
+        }
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+
+    /// Takes one of the `max_keys` places if one is free.
+    fn take_free_place(&self) -> bool {
+        // Relaxed: a count, which publishes nothing; what a place guards is
+        // under a shard's lock.
+        self.places
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |places| {
+                (places < self.max_keys).then_some(places + 1)
+            })
+            .is_ok()
     }
 
     fn make_entry(&self, key: &K) -> Entry {
@@ -364,14 +486,16 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         Some(label)
     }
 
-    /// Evicts one idle key, looking at no more than `SWEEP` keys, each once:
-    /// a key that is busy goes to the back; an idle key used since the last
-    /// pass gets a second chance, unless no idle key unused since is found,
-    /// and then the first idle one seen is evicted.
+    /// Evicts one idle key of the shard of `map`, looking at no more than
+    /// its share of `SWEEP` keys, each once: a key that is busy goes to the
+    /// back; an idle key used since the last pass gets a second chance,
+    /// unless no idle key unused since is found, and then the first idle one
+    /// seen is evicted. Its place is the caller's to take.
     fn evict_one(&self, map: &mut Map<K>) -> bool {
         let Map { entries, ring, .. } = map;
         let mut second_chance = None;
-        for _ in 0..SWEEP.min(ring.len()) {
+        let share = (SWEEP / self.shards.len()).max(1);
+        for _ in 0..share.min(ring.len()) {
             let Some(key) = ring.front() else {
                 break;
             };
@@ -423,6 +547,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
 
     fn evict(&self, entries: &mut HashMap<K, Entry>, key: &K) -> bool {
         if let Some(entry) = entries.remove(key) {
+            self.held.fetch_sub(1, Ordering::Relaxed);
             // Slots still held are past their deadlines (leaked): forgotten,
             // so that a key that reports metrics shows none in flight.
             if entry.bulkhead.in_flight() > 0 {
@@ -434,7 +559,13 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     }
 
     pub(crate) fn len(&self) -> usize {
-        read(&self.map).entries.len()
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// The places taken: keys held, being made, or about to be.
+    #[cfg(test)]
+    pub(crate) fn places(&self) -> usize {
+        self.places.load(Ordering::Relaxed)
     }
 
     pub(crate) fn evicted(&self) -> u64 {
@@ -446,30 +577,58 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     }
 
     /// The keys with the most calls in flight (then waiting), at most
-    /// `count` of them. Read under the map's read lock: a copy of every
-    /// key's bulkhead would make each look busy to a sweep meanwhile.
+    /// `count` of them: the busiest of each shard, then of those. Each
+    /// shard is read under its read lock: a copy of every key's bulkhead
+    /// would make each look busy to a sweep meanwhile.
     pub(crate) fn busiest(&self, count: usize) -> Vec<KeyStatus<K>> {
-        let map = read(&self.map);
-        let mut busy: Vec<(&K, &Entry, usize, usize)> = map
-            .entries
-            .iter()
-            .map(|(key, entry)| {
-                let bulkhead = &entry.bulkhead;
-                (key, entry, bulkhead.in_flight(), bulkhead.waiting())
-            })
-            .filter(|&(_, _, in_flight, waiting)| in_flight + waiting > 0)
-            .collect();
-        busy.sort_by_key(|&(_, _, in_flight, waiting)| std::cmp::Reverse((in_flight, waiting)));
-        busy.truncate(count);
-        busy.into_iter()
-            .map(|(key, entry, in_flight, waiting)| KeyStatus {
-                key: key.clone(),
-                limit: entry.bulkhead.limit(),
-                in_flight,
-                waiting,
-                totals: entry.bulkhead.status().totals,
-            })
-            .collect()
+        let mut busiest = Vec::new();
+        for shard in self.shards.iter() {
+            let map = read(&shard.map);
+            let mut busy: Vec<(&K, &Entry, usize, usize)> = map
+                .entries
+                .iter()
+                .map(|(key, entry)| {
+                    let bulkhead = &entry.bulkhead;
+                    (key, entry, bulkhead.in_flight(), bulkhead.waiting())
+                })
+                .filter(|&(_, _, in_flight, waiting)| in_flight + waiting > 0)
+                .collect();
+            busy.sort_by_key(|&(_, _, in_flight, waiting)| std::cmp::Reverse((in_flight, waiting)));
+            busy.truncate(count);
+            busiest.extend(
+                busy.into_iter()
+                    .map(|(key, entry, in_flight, waiting)| KeyStatus {
+                        key: key.clone(),
+                        limit: entry.bulkhead.limit(),
+                        in_flight,
+                        waiting,
+                        totals: entry.bulkhead.status().totals,
+                    }),
+            );
+        }
+        busiest.sort_by_key(|status| std::cmp::Reverse((status.in_flight, status.waiting)));
+        busiest.truncate(count);
+        busiest
+    }
+}
+
+/// One of the `max_keys` places, taken for a new key: given back when
+/// dropped, unless kept (in a shard's `making`, or by the key made).
+#[must_use = "a place is given back when dropped"]
+struct Place<'a, K> {
+    keys: &'a Keys<K>,
+}
+
+impl<K> Place<'_, K> {
+    /// Kept: a shard now holds it.
+    fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl<K> Drop for Place<'_, K> {
+    fn drop(&mut self) {
+        self.keys.places.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -477,6 +636,8 @@ impl<K: Hash + Eq + Clone> Keys<K> {
 /// function), its key's place is given back.
 struct Maker<'a, K> {
     keys: &'a Keys<K>,
+    /// The key's shard.
+    at: usize,
     /// The key's hash, by which its place is known.
     hash: u64,
 }
@@ -490,6 +651,115 @@ impl<K> Maker<'_, K> {
 
 impl<K> Drop for Maker<'_, K> {
     fn drop(&mut self) {
-        write(&self.keys.map).take_place(self.hash);
+        let mut map = write(&self.keys.shards[self.at].map);
+        if map.take_place(self.hash) {
+            drop(Place { keys: self.keys });
+        }
+    }
+}
+
+#[cfg(all(test, not(tower_inflight_loom)))]
+mod tests {
+    use super::*;
+    use crate::bulkhead::Permit;
+    use std::time::Duration;
+
+    /// Keys of one slot each, `max_keys` of them over `shards` shards.
+    fn keys(max_keys: usize, shards: usize) -> Keys<u64> {
+        let template = Config::new(1, Duration::from_secs(3_600));
+        Keys::sharded(template, None, None, None, None, None, max_keys, shards)
+    }
+
+    /// The first `count` keys that shard `at` of `shards` holds.
+    fn keys_of_shard(at: usize, shards: usize, count: usize) -> Vec<u64> {
+        (0..)
+            .filter(|key| shard_of(key, shards) == at)
+            .take(count)
+            .collect()
+    }
+
+    /// `key`'s slot, held; `None` if the key was refused.
+    fn hold(keys: &Keys<u64>, key: u64) -> Option<Permit> {
+        keys.find(&key, |entry| {
+            let claim = entry.claim().expect("the key's slot is free");
+            entry.bulkhead.clone().admit(claim)
+        })
+    }
+
+    /// Every place taken is a key held or being made, and the count of keys
+    /// held is the keys in the shards.
+    fn assert_places_match(keys: &Keys<u64>) {
+        let (mut held, mut making) = (0, 0);
+        for shard in keys.shards.iter() {
+            let map = read(&shard.map);
+            held += map.entries.len();
+            making += map.making.len();
+        }
+        assert_eq!(keys.len(), held, "the count of keys held is off");
+        assert_eq!(
+            keys.places(),
+            keys.len() + making,
+            "places taken and keys held disagree"
+        );
+    }
+
+    #[test]
+    fn a_new_key_evicts_an_idle_key_of_another_shard_when_its_own_has_none() {
+        let keys = keys(2, 4);
+        for key in keys_of_shard(0, 4, 2) {
+            drop(hold(&keys, key).expect("room for two keys"));
+        }
+        let newcomer = keys_of_shard(1, 4, 1)[0];
+        let held = hold(&keys, newcomer).expect("an idle key of shard 0 made room");
+        assert_eq!(keys.len(), 2);
+        assert_eq!(keys.evicted(), 1);
+        assert_places_match(&keys);
+        drop(held);
+    }
+
+    #[test]
+    fn max_keys_bounds_the_keys_of_every_shard_together() {
+        let keys = keys(3, 4);
+        let held: Vec<_> = (0..3)
+            .map(|at| {
+                let key = keys_of_shard(at, 4, 1)[0];
+                hold(&keys, key).expect("room for three keys")
+            })
+            .collect();
+        for at in [3, 0] {
+            let key = keys_of_shard(at, 4, 2)[1];
+            assert!(hold(&keys, key).is_none(), "a fourth key, in shard {at}");
+        }
+        assert_eq!(keys.refused(), 2);
+        assert_eq!(keys.len(), 3);
+        assert_places_match(&keys);
+        // One key idle, in shard 1: a key of shard 3 takes its place.
+        let mut held = held;
+        drop(held.remove(1));
+        let newcomer = keys_of_shard(3, 4, 1)[0];
+        held.push(hold(&keys, newcomer).expect("the idle key of shard 1 made room"));
+        assert_eq!(keys.len(), 3);
+        assert_eq!(keys.evicted(), 1);
+        assert_places_match(&keys);
+    }
+
+    #[test]
+    fn a_sweep_looks_at_no_more_than_its_share_of_each_shard() {
+        // 4 shards: 32 keys a shard at most. Shard 0 holds 40 busy keys
+        // ahead of an idle one, the last in its ring: a new key of shard 0
+        // looks at its first 32, then at the other shards (empty), and is
+        // refused; the next finds the idle one at the front.
+        let keys = keys(41, 4);
+        let of_shard_0 = keys_of_shard(0, 4, 42);
+        let held: Vec<_> = of_shard_0[..40]
+            .iter()
+            .map(|&key| hold(&keys, key).expect("room"))
+            .collect();
+        drop(hold(&keys, of_shard_0[40]).expect("room"));
+        assert!(hold(&keys, of_shard_0[41]).is_none());
+        let newcomer = hold(&keys, of_shard_0[41]).expect("the idle key came to the front");
+        assert_eq!(keys.len(), 41);
+        assert_places_match(&keys);
+        drop((held, newcomer));
     }
 }

@@ -104,3 +104,49 @@ fn loom_two_new_keys_under_a_cap_of_one_admit_exactly_one() {
         assert_eq!(keyed.keys(), 1);
     });
 }
+
+/// A new key of one shard, with no room in its own, and a caller of an
+/// idle key of another shard, under `max_keys` 1: either the caller takes
+/// its key's slot first, and the new key finds nothing to evict, or the new
+/// key evicts the idle one, and the caller's key, made again, finds no
+/// room. Exactly one is admitted, and the places taken match the keys held.
+/// The model fails if a place taken in another shard is lost or counted
+/// twice, or if a key is evicted under a caller taking its slot.
+#[test]
+fn loom_a_new_key_and_a_caller_of_an_idle_key_of_another_shard_admit_exactly_one() {
+    use crate::keyed::shards::shard_of;
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let keys = Arc::new(Keys::<u32>::sharded(
+            per_key(&clock),
+            None,
+            None,
+            None,
+            None,
+            None,
+            1,
+            2,
+        ));
+        let of_shard = |at| (0..).find(|key| shard_of(key, 2) == at).unwrap();
+        let (idle, newcomer) = (of_shard(0), of_shard(1));
+        assert!(keys.find(&idle, |_| ()).is_some(), "room for the first key");
+        let hold = |key: u32| {
+            let keys = keys.clone();
+            thread::spawn(move || {
+                keys.find(&key, |entry| {
+                    let claim = entry.claim().expect("one caller a key");
+                    entry.bulkhead.clone().admit(claim)
+                })
+            })
+        };
+        let calls = [hold(newcomer), hold(idle)];
+        let permits: Vec<_> = calls.into_iter().map(|call| call.join().unwrap()).collect();
+        assert_eq!(
+            permits.iter().filter(|permit| permit.is_some()).count(),
+            1,
+            "not exactly one admitted"
+        );
+        assert_eq!(keys.len(), 1);
+        assert_eq!(keys.places(), 1);
+    });
+}

@@ -21,6 +21,12 @@
 //!   new keys costs a bounded amount each: with more than 128 keys busy at
 //!   once, a new key may be shed while an idle key lies further on, where
 //!   the next new key looks.
+//! - **Calls of different keys on different cores rarely meet**: the keys
+//!   are spread over several maps, each behind its own lock (one map for
+//!   every 64 keys of `max_keys`, up to four for each core). `max_keys`
+//!   bounds them all together, and an idle key in any map makes room for a
+//!   new key of another: the 128 keys a new key looks at are shared among
+//!   the maps, its own first.
 //! - **Waiting, in turns**: a caller waits for its key's slot (the per-key
 //!   `wait`), then, holding it, for the ceiling's (the ceiling's `wait`). In
 //!   the ceiling's line the keys waiting take turns, weighted
@@ -54,6 +60,7 @@ mod keys;
 mod layer;
 #[cfg(all(test, tower_inflight_loom))]
 mod loom_models;
+mod shards;
 mod status;
 mod turns;
 
