@@ -7,13 +7,16 @@
 //! behind a `RwLock` (the least a set of keys that changes while calls run
 //! needs), taking turns (`support::interleaved`).
 //!
+//! A third group makes the same calls on two threads at once, each its own
+//! keys: what the keys' locks cost when cores meet on them.
+//!
 //! Run with `cargo bench --bench keyed`.
 
 mod support;
 
 use criterion::{black_box, criterion_main, Criterion};
 use std::collections::HashMap;
-use std::sync::RwLock;
+use std::sync::{mpsc, Barrier, RwLock};
 use std::time::Duration;
 use support::{each, interleaved, Turn};
 use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig};
@@ -73,12 +76,88 @@ fn try_acquire_drop<const KEYS: u64>(c: &mut Criterion, group: &str) {
     group.finish();
 }
 
+/// The same calls on two threads, of 1,000 keys: each iteration is
+/// `BATCH` calls on each thread, the two starting together, so that the
+/// threads' meeting at the start and end of each turn weighs little.
+fn try_acquire_drop_on_two_threads(c: &mut Criterion, group: &str) {
+    const KEYS: u64 = 1_000;
+    const BATCH: u64 = 8;
+    let mut group = c.benchmark_group(group);
+    let plain = Bulkhead::new(Config::new(LIMIT, RECLAIM_AFTER));
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(LIMIT, RECLAIM_AFTER)).max_keys(KEYS as usize),
+    );
+    let map: HashMap<u64, Bulkhead> = (0..KEYS)
+        .map(|key| (key, Bulkhead::new(Config::new(LIMIT, RECLAIM_AFTER))))
+        .collect();
+    let locked = RwLock::new(map.clone());
+    for key in 0..KEYS {
+        drop(keyed.try_acquire(&key).unwrap());
+    }
+    // Variant `variant`'s `iterations` on thread `thread`, whose keys
+    // start half the keys after the other's.
+    let calls = |variant: usize, thread: u64, iterations: u64| {
+        let mut key = thread * KEYS / 2;
+        for _ in 0..iterations * BATCH {
+            key = (key + 1) % KEYS;
+            match variant {
+                0 => black_box(black_box(&plain).try_acquire().is_ok()),
+                1 => black_box(black_box(&map)[&key].try_acquire().is_ok()),
+                2 => {
+                    let map = black_box(&locked).read().unwrap();
+                    black_box(map[&key].try_acquire().is_ok())
+                }
+                _ => black_box(black_box(&keyed).try_acquire(&key).is_ok()),
+            };
+        }
+    };
+    let (start, done) = (Barrier::new(2), Barrier::new(2));
+    std::thread::scope(|scope| {
+        // The worker ends when the turns, and their senders, are dropped.
+        let (order, orders) = mpsc::channel::<(usize, u64)>();
+        scope.spawn(|| {
+            for (variant, iterations) in orders {
+                start.wait();
+                calls(variant, 1, iterations);
+                done.wait();
+            }
+        });
+        let turn = |variant: usize| {
+            let order = order.clone();
+            let (start, done, calls) = (&start, &done, &calls);
+            move |iterations: u64| {
+                order.send((variant, iterations)).unwrap();
+                start.wait();
+                calls(variant, 0, iterations);
+                done.wait();
+            }
+        };
+        let turns = [turn(0), turn(1), turn(2), turn(3)];
+        let turns: [Turn<'_>; 4] = [&turns[0], &turns[1], &turns[2], &turns[3]];
+        for (mine, name) in [
+            "plain",
+            "plain_and_a_hash_lookup",
+            "plain_and_a_locked_hash_lookup",
+            "keyed",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            group.bench_function(name, |b| {
+                b.iter_custom(|iters| interleaved(iters, &turns, mine))
+            });
+        }
+    });
+    group.finish();
+}
+
 // What `criterion_group!` expands to, written out because the macro's
 // `pub fn` trips the crate's `missing_docs` lint.
 fn benches() {
     let mut criterion = support::criterion(Duration::from_secs(2));
     try_acquire_drop::<1_000>(&mut criterion, "keyed_try_acquire_drop");
     try_acquire_drop::<16>(&mut criterion, "keyed_try_acquire_drop_16_keys");
+    try_acquire_drop_on_two_threads(&mut criterion, "keyed_try_acquire_drop_two_threads_8_calls");
 }
 
 criterion_main!(benches);
