@@ -14,17 +14,16 @@ const KEYS_A_SHARD: usize = 64;
 const MAX_SHARDS: usize = 64;
 
 /// How many shards a keyed bulkhead of `max_keys` keys has: a power of
-/// two, four for each core this process may run on (so that two cores'
-/// calls meet on one shard's lock one time in four times the cores), but
-/// no more than one for each `KEYS_A_SHARD` keys.
+/// two, up to four for each core this process may run on (so that two
+/// cores' calls meet on one shard's lock one time in four times the cores),
+/// but no more than one for each `KEYS_A_SHARD` keys.
 pub(crate) fn shard_count(max_keys: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let for_cores = cores.saturating_mul(4).min(MAX_SHARDS);
-    (max_keys / KEYS_A_SHARD)
-        .min(for_cores)
-        .max(1)
-        .next_power_of_two()
-        .min(MAX_SHARDS)
+    let most = (max_keys / KEYS_A_SHARD)
+        .min(cores.saturating_mul(4))
+        .clamp(1, MAX_SHARDS);
+    // The power of two at or below.
+    1 << most.ilog2()
 }
 
 /// The shard of `key`, of `count` (a power of two).
@@ -118,13 +117,34 @@ mod tests {
 
     #[test]
     fn a_shard_count_is_a_power_of_two_within_its_bounds() {
-        for max_keys in [1, 2, 63, 64, 65, 127, 128, 1_000, 4_096, usize::MAX] {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        for max_keys in [0, 1, 2, 63, 64, 65, 127, 128, 1_000, 4_096, usize::MAX] {
             let count = shard_count(max_keys);
             assert!(count.is_power_of_two(), "{max_keys}: {count}");
             assert!(count <= MAX_SHARDS, "{max_keys}: {count}");
+            assert!(
+                count <= (max_keys / KEYS_A_SHARD).max(1),
+                "{max_keys}: {count}"
+            );
+            assert!(count <= 4 * cores, "{max_keys}: {count}");
         }
         assert_eq!(shard_count(1), 1);
         assert_eq!(shard_count(KEYS_A_SHARD - 1), 1);
+        assert_eq!(shard_count(2 * KEYS_A_SHARD), 2);
+        // Rounded down: never more than one shard for each 64 keys.
+        assert_eq!(shard_count(3 * KEYS_A_SHARD), 2);
+    }
+
+    /// `tests/keyed_shards.rs` places `u64` keys in shards by this rule.
+    #[test]
+    fn a_u64_falls_in_the_shard_of_the_top_bits_of_its_product_with_the_seed() {
+        for key in [0u64, 1, 2, 1_000, u64::MAX] {
+            for bits in 1..=6 {
+                let count = 1 << bits;
+                let top_bits = key.wrapping_mul(ShardHasher::SEED) >> (64 - bits);
+                assert_eq!(shard_of(&key, count), top_bits as usize, "{key}, {count}");
+            }
+        }
     }
 
     #[test]
