@@ -37,6 +37,12 @@ fn has(of: &Mutex<Option<HashSet<u32>>>, id: u32) -> bool {
         .is_some_and(|ids| ids.contains(&id))
 }
 
+fn unset(of: &Mutex<Option<HashSet<u32>>>, id: u32) {
+    if let Some(ids) = of.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        ids.remove(&id);
+    }
+}
+
 /// A key whose `Clone` or `Hash` panics once its id is named.
 #[derive(Debug, PartialEq, Eq)]
 struct Fragile(u32);
@@ -431,5 +437,35 @@ fn new_keys_racing_over_many_shards_never_pass_max_keys_nor_lose_a_place() {
         })
         .collect();
     assert_eq!(keyed.keys(), MAX_KEYS);
+    drop(held);
+}
+
+/// A sweep for room sets aside the idle key it spares (used lately: a
+/// second chance). When a later key's `Hash` panicked in the same sweep,
+/// the key set aside was lost from the sweep's ring: held in the map
+/// forever, never evicted, its place never given back.
+#[test]
+fn a_sweep_that_panics_loses_no_key_it_set_aside() {
+    let keyed = KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(2));
+    // The ring: 901 (idle, used lately), then 902 (idle).
+    drop(keyed.try_acquire(&Fragile(901)).unwrap());
+    drop(keyed.try_acquire(&Fragile(902)).unwrap());
+    // A new key's sweep spares 901, then 902's `Hash` panics.
+    set(&HASH_PANICS, 902);
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        keyed.try_acquire(&Fragile(903)).is_ok()
+    }));
+    assert!(outcome.is_err(), "902's hash was to panic in the sweep");
+    unset(&HASH_PANICS, 902);
+    // 903 evicts 902 and is held; 901 is idle: 904 evicts it.
+    let held = keyed.try_acquire(&Fragile(903)).expect("903 evicts 902");
+    assert_eq!(keyed.keys(), 2);
+    if let Err(shed) = keyed.try_acquire(&Fragile(904)) {
+        panic!(
+            "a new key shed ({:?}) while key 901 is idle: it left the ring when the sweep \
+             panicked, and can never be evicted",
+            shed.reason()
+        );
+    }
     drop(held);
 }

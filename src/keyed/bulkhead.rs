@@ -166,8 +166,10 @@ impl<K> KeyedConfig<K> {
     ///
     /// The keys are spread over one map for every 64 of `max_keys` (up to
     /// four for each core), each behind its own lock, so that calls of
-    /// different keys on different cores rarely write one lock's word; the
-    /// 128 keys a new key looks at are shared among them, its own first.
+    /// different keys on different cores rarely write one lock's word. Of
+    /// the 128 keys a new key looks at, it looks first at an even share at
+    /// the front of each map (where idle keys gather), its own first, then
+    /// deeper.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self

@@ -20,9 +20,10 @@ use std::hash::BuildHasher;
 use std::hash::Hash;
 
 /// How many keys one new key may look at to find one to evict, so that a
-/// flood of new keys while every key is busy costs a bounded amount each.
-/// Shared out evenly among the shards, its own first: each shard keeps its
-/// idle keys at the front of its ring, so a few from each find one.
+/// flood of new keys while every key is busy costs a bounded amount each:
+/// first an even share of them at the front of each shard's ring, where
+/// the shard's idle keys gather (the sweep sends busy keys to the back), its
+/// own shard's first; then what is left, deeper, from its own shard on.
 const SWEEP: usize = 128;
 
 /// How many labels of keys ever report metrics, at most: a bound on the
@@ -290,6 +291,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         // while its hash is in `making`: a second caller of a key being made
         // takes none.
         let mut elsewhere = None;
+        let mut budget = SWEEP;
         let (maker, hash) = loop {
             let mut map = write(shard);
             if let Some(entry) = map.entries.get(key) {
@@ -302,7 +304,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             }
             let place = match elsewhere.take() {
                 Some(place) => Some(place),
-                None => self.room_here(&mut map),
+                None => self.room_here(&mut map, &mut budget),
             };
             if let Some(place) = place {
                 map.making.push(hash);
@@ -321,7 +323,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             // Another shard's lock is never taken under this one's: with
             // two held, two new keys could each wait for the other's.
             drop(map);
-            elsewhere = Some(self.room_elsewhere(at)?);
+            elsewhere = Some(self.room_elsewhere(at, &mut budget)?);
         };
         // Made outside the lock: a key with a large limit takes a while to
         // build, and the limit functions may look at this keyed bulkhead.
@@ -344,19 +346,29 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             }
             return map.entries.get(key).map(found); // made meanwhile: ours is dropped
         }
+        let mut budget = SWEEP;
         if place.is_none() {
-            place = self.room_here(&mut map);
+            place = self.room_here(&mut map, &mut budget);
         }
         let place = match place {
             Some(place) => place,
             None => {
                 drop(map);
-                let place = self.room_elsewhere(at)?;
+                let elsewhere = self.room_elsewhere(at, &mut budget)?;
                 map = write(shard);
                 if map.entries.contains_key(key) {
                     return map.entries.get(key).map(found); // made meanwhile
                 }
-                place
+                // Being made meanwhile, by a caller that found it absent:
+                // that caller's place is the key's, taken as above, and the
+                // one found elsewhere goes back (kept as well, one key
+                // would hold two places).
+                if map.take_place(hash) {
+                    drop(elsewhere);
+                    Place { keys: self }
+                } else {
+                    elsewhere
+                }
             }
         };
         let found = found(&entry);
@@ -372,29 +384,49 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     }
 
     /// A place for a new key in the shard of `map`: one of the `max_keys`
-    /// not taken, or that of a key of the shard evicted.
-    fn room_here(&self, map: &mut Map<K>) -> Option<Place<'_, K>> {
-        if self.take_free_place() || self.evict_one(map) {
+    /// not taken, or that of an idle key of the shard evicted, looking at
+    /// no more than `budget` keys (less those it looks at).
+    fn room_here(&self, map: &mut Map<K>, budget: &mut usize) -> Option<Place<'_, K>> {
+        if self.take_free_place() || self.evict_one(map, budget, self.sweep_share()) {
             Some(Place { keys: self })
         } else {
             None
         }
     }
 
-    /// A place for a new key of shard `at`, which found no room in its own
-    /// shard: that of a key evicted from another (or one given back
-    /// meanwhile). `None`, counted as refused, if there is none.
+    /// A place for a new key of shard `at`, which found none at the front
+    /// of its own shard: one given back meanwhile, or that of an idle key
+    /// evicted, looking at no more than `budget` keys: the front of each
+    /// other shard, then deeper into every shard, its own first (see
+    /// `SWEEP`). `None`, counted as refused, if there is none.
     #[cold]
-    fn room_elsewhere(&self, at: usize) -> Option<Place<'_, K>> {
+    fn room_elsewhere(&self, at: usize, budget: &mut usize) -> Option<Place<'_, K>> {
         let count = self.shards.len();
-        for step in 1..count {
-            let mut map = write(&self.shards[(at + step) % count].map);
-            if self.take_free_place() || self.evict_one(&mut map) {
+        let shard = |step| (at + step) % count;
+        let fronts = (1..count).map(|step| (shard(step), self.sweep_share()));
+        // With one shard, its sweep has looked at all it may already.
+        let deeper = (0..count)
+            .filter(|_| count > 1)
+            .map(|step| (shard(step), usize::MAX));
+        for (shard, looks) in fronts.chain(deeper) {
+            if self.take_free_place() {
+                return Some(Place { keys: self });
+            }
+            if *budget == 0 {
+                break;
+            }
+            let mut map = write(&self.shards[shard].map);
+            if self.take_free_place() || self.evict_one(&mut map, budget, looks) {
                 return Some(Place { keys: self });
             }
         }
         self.refused.fetch_add(1, Ordering::Relaxed);
         None
+    }
+
+    /// How many keys a sweep looks at first at the front of each shard.
+    fn sweep_share(&self) -> usize {
+        (SWEEP / self.shards.len()).max(1)
     }
 
     /// Takes one of the `max_keys` places if one is free.
@@ -487,40 +519,50 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     }
 
     /// Evicts one idle key of the shard of `map`, looking at no more than
-    /// its share of `SWEEP` keys, each once: a key that is busy goes to the
-    /// back; an idle key used since the last pass gets a second chance,
-    /// unless no idle key unused since is found, and then the first idle one
-    /// seen is evicted. Its place is the caller's to take.
-    fn evict_one(&self, map: &mut Map<K>) -> bool {
+    /// `looks` keys and `budget` (less those it looks at), each once: a key
+    /// that is busy goes to the back; an idle key used since the last pass
+    /// gets a second chance, unless no idle key unused since is found, and
+    /// then the first idle one seen is evicted. Its place is the caller's to
+    /// take.
+    fn evict_one(&self, map: &mut Map<K>, budget: &mut usize, looks: usize) -> bool {
         let Map { entries, ring, .. } = map;
-        let mut second_chance = None;
-        let share = (SWEEP / self.shards.len()).max(1);
-        for _ in 0..share.min(ring.len()) {
-            let Some(key) = ring.front() else {
+        // Each key once: a busy key goes to the back, where the sweep would
+        // come to it again.
+        let looks = looks.min(*budget).min(ring.len());
+        let mut aside = Aside { ring, key: None };
+        for _ in 0..looks {
+            let Some(key) = aside.ring.front() else {
                 break;
             };
+            *budget -= 1;
             // Looked up before it leaves the ring: a `Hash` that panics
             // leaves it where it was.
             let entry = entries.get(key);
-            let key = ring.pop_front().expect("the ring's front was there");
+            let key = aside.ring.pop_front().expect("the ring's front was there");
             let Some(entry) = entry else {
                 continue;
             };
             let used = entry.used.swap(false, Ordering::Relaxed);
             if !Self::is_idle(entry) {
-                ring.push_back(key);
+                aside.ring.push_back(key);
             } else if !used {
-                if let Some(spared) = second_chance.take() {
-                    ring.push_back(spared);
+                // This one goes, and the one spared stays.
+                if let Some(spared) = aside.key.replace(key) {
+                    aside.ring.push_back(spared);
                 }
-                return self.evict(entries, &key);
-            } else if second_chance.is_none() {
-                second_chance = Some(key);
+                break;
+            } else if aside.key.is_none() {
+                aside.key = Some(key);
             } else {
-                ring.push_back(key);
+                aside.ring.push_back(key);
             }
         }
-        second_chance.is_some_and(|key| self.evict(entries, &key))
+        let Some(key) = &aside.key else {
+            return false;
+        };
+        self.evict(entries, key);
+        aside.key = None;
+        true
     }
 
     /// Whether nobody holds or is taking a slot of `entry` (under the map's
@@ -545,7 +587,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         entry.bulkhead.is_unshared() || entry.bulkhead.reclaimable_since(last_taken)
     }
 
-    fn evict(&self, entries: &mut HashMap<K, Entry>, key: &K) -> bool {
+    fn evict(&self, entries: &mut HashMap<K, Entry>, key: &K) {
         if let Some(entry) = entries.remove(key) {
             self.held.fetch_sub(1, Ordering::Relaxed);
             // Slots still held are past their deadlines (leaked): forgotten,
@@ -555,7 +597,6 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             }
         }
         self.evicted.fetch_add(1, Ordering::Relaxed);
-        true
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -609,6 +650,23 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         busiest.sort_by_key(|status| std::cmp::Reverse((status.in_flight, status.waiting)));
         busiest.truncate(count);
         busiest
+    }
+}
+
+/// The key a sweep set aside: spared for a second chance, or to be evicted.
+/// Back at the end of the ring unless evicted, also when a key's `Hash`
+/// panics in the sweep: out of the ring, a key in the map could never be
+/// evicted.
+struct Aside<'a, K> {
+    ring: &'a mut VecDeque<K>,
+    key: Option<K>,
+}
+
+impl<K> Drop for Aside<'_, K> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.ring.push_back(key);
+        }
     }
 }
 
@@ -744,22 +802,34 @@ mod tests {
     }
 
     #[test]
-    fn a_sweep_looks_at_no_more_than_its_share_of_each_shard() {
-        // 4 shards: 32 keys a shard at most. Shard 0 holds 40 busy keys
-        // ahead of an idle one, the last in its ring: a new key of shard 0
-        // looks at its first 32, then at the other shards (empty), and is
-        // refused; the next finds the idle one at the front.
-        let keys = keys(41, 4);
-        let of_shard_0 = keys_of_shard(0, 4, 42);
-        let held: Vec<_> = of_shard_0[..40]
+    fn a_sweep_looks_at_the_front_of_every_shard_then_deeper_128_keys_in_all() {
+        // 4 shards, 32 keys at the front of each first. Shard 0 holds 130
+        // busy keys ahead of an idle one; shards 1 to 3 an idle key each.
+        let keys = keys(134, 4);
+        let of_shard_0 = keys_of_shard(0, 4, 136);
+        let mut held: Vec<_> = of_shard_0[..130]
             .iter()
             .map(|&key| hold(&keys, key).expect("room"))
             .collect();
-        drop(hold(&keys, of_shard_0[40]).expect("room"));
-        assert!(hold(&keys, of_shard_0[41]).is_none());
-        let newcomer = hold(&keys, of_shard_0[41]).expect("the idle key came to the front");
-        assert_eq!(keys.len(), 41);
+        drop(hold(&keys, of_shard_0[130]).expect("room"));
+        for at in 1..4 {
+            drop(hold(&keys, keys_of_shard(at, 4, 1)[0]).expect("room"));
+        }
+        // New keys of shard 0: each looks at 32 busy keys at its own front,
+        // then at the front of the others, where it finds an idle key.
+        for (newcomer, evicted) in of_shard_0[131..134].iter().zip(1..) {
+            held.push(hold(&keys, *newcomer).expect("an idle key at another's front"));
+            assert_eq!(keys.evicted(), evicted);
+        }
+        // The other shards are empty now: the next looks at 32 busy keys of
+        // its own front, then on into its own shard, where the idle key lies
+        // behind 2 more busy ones.
+        held.push(hold(&keys, of_shard_0[134]).expect("the idle key deeper in shard 0"));
+        assert_eq!(keys.evicted(), 4);
+        // Every key busy: the next looks at 128 and is refused.
+        assert!(hold(&keys, of_shard_0[135]).is_none());
+        assert_eq!(keys.refused(), 1);
+        assert_eq!(keys.len(), 134);
         assert_places_match(&keys);
-        drop((held, newcomer));
     }
 }

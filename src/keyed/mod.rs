@@ -25,8 +25,10 @@
 //!   are spread over several maps, each behind its own lock (one map for
 //!   every 64 keys of `max_keys`, up to four for each core). `max_keys`
 //!   bounds them all together, and an idle key in any map makes room for a
-//!   new key of another: the 128 keys a new key looks at are shared among
-//!   the maps, its own first.
+//!   new key of another: of the 128 keys a new key looks at, it looks first
+//!   at an even share at the front of each map (where a map's idle keys
+//!   gather, as its sweeps send busy keys to the back), its own first, then
+//!   deeper, from its own map on.
 //! - **Waiting, in turns**: a caller waits for its key's slot (the per-key
 //!   `wait`), then, holding it, for the ceiling's (the ceiling's `wait`). In
 //!   the ceiling's line the keys waiting take turns, weighted

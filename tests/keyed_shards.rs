@@ -1,0 +1,237 @@
+//! Keys spread over several maps (shards), each behind its own lock: a new
+//! key that finds no room in its own map looks in the others, and
+//! `max_keys` bounds them all together. Faults found by an adversarial
+//! reading, each failing on the version before its fix: a place lost when
+//! a key was made while its caller looked for room in another map, and a
+//! new key shed while 64 of 128 keys were idle (each map's sweep looked at
+//! its share of 128 keys only).
+//!
+//! `max_keys(128)` gives 2 shards on any machine (128 / 64 = 2, at most
+//! four a core). The shard of a `u64` key is the top bit of
+//! `key * 0x9e37_79b9_7f4a_7c15` (the shard hasher of `src/keyed/shards.rs`
+//! over one `write_u64`, pinned by a unit test there), reproduced here to
+//! place keys.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig, KeyedPermit};
+use tower_inflight::{Config, ShedReason};
+
+const LONG: Duration = Duration::from_secs(3_600);
+const PATIENCE: Duration = Duration::from_secs(30);
+const SEED: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// The shard of a `u64`-hashed key among 2.
+fn shard_of_2(id: u64) -> usize {
+    (id.wrapping_mul(SEED) >> 63) as usize
+}
+
+/// The first `count` ids from `from` that fall in shard `at` of 2.
+fn ids_in(at: usize, from: u64, count: usize) -> Vec<u64> {
+    (from..)
+        .filter(|&id| shard_of_2(id) == at)
+        .take(count)
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// Gates: a thread that reaches a gate named for it says so and waits there
+// until let go. One-shot.
+// ---------------------------------------------------------------------------
+
+type Gates = HashMap<String, (mpsc::Sender<()>, Arc<Mutex<mpsc::Receiver<()>>>)>;
+static GATES: Mutex<Option<Gates>> = Mutex::new(None);
+
+/// Registers gate `name`: (reached, let go).
+fn gate(name: &str) -> (mpsc::Receiver<()>, mpsc::Sender<()>) {
+    let (reached_tx, reached_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel();
+    GATES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(name.to_owned(), (reached_tx, Arc::new(Mutex::new(go_rx))));
+    (reached_rx, go_tx)
+}
+
+/// Waits at gate `{this thread's name}/{what}`, if one is registered.
+fn pass(what: &str) {
+    let Some(name) = std::thread::current()
+        .name()
+        .map(|name| format!("{name}/{what}"))
+    else {
+        return;
+    };
+    let gate = GATES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_mut()
+        .and_then(|gates| gates.remove(&name));
+    if let Some((reached, go)) = gate {
+        reached.send(()).unwrap();
+        let _ = go.lock().unwrap().recv_timeout(PATIENCE);
+    }
+}
+
+/// The id whose `Hash` passes a gate `{thread}/hash` (one id at a time).
+static HASH_GATED: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// A `u64` key whose `Hash` may stop at a gate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Gated(u64);
+
+impl Hash for Gated {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        if self.0 == HASH_GATED.load(Ordering::SeqCst) {
+            pass("hash");
+        }
+        state.write_u64(self.0);
+    }
+}
+
+fn call_on(
+    name: &str,
+    keyed: &KeyedBulkhead<Gated>,
+    id: u64,
+) -> std::thread::JoinHandle<Result<KeyedPermit, ShedReason>> {
+    let keyed = keyed.clone();
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || keyed.try_acquire(&Gated(id)).map_err(|shed| shed.reason()))
+        .unwrap()
+}
+
+/// A caller X of key k, back from making k with no place, finds no room in
+/// k's shard and drops the shard's lock to look in the other. Meanwhile a caller Y of k, finding k absent and no
+/// hash of it in `making`, evicts an idle key of k's shard, pushes k's hash
+/// with that place and makes k. X, back, checks only that k is not in the
+/// map, and inserts k on the place it found elsewhere. Y, back, takes its
+/// place from `making`, finds k in the map, and (taking it for another key
+/// of the same hash) pushes the place back into `making`: kept there for no
+/// key, a place lost (`max_keys` 128 holds 127 keys at most from then on).
+#[test]
+fn a_key_made_while_its_caller_looks_in_another_shard_leaks_no_place() {
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, LONG))
+            .limit_per_key(|_: &Gated| {
+                pass("limit");
+                1
+            })
+            .max_keys(128),
+    );
+    let k = ids_in(0, 1_000, 1)[0];
+    let n = ids_in(0, k + 1, 1)[0];
+    let b0 = ids_in(1, 2_000, 1)[0];
+    let busy_ids = ids_in(1, 3_000, 126);
+    // Shard 1: b0, idle, at the front of its ring, then 126 busy keys.
+    drop(keyed.try_acquire(&Gated(b0)).unwrap());
+    let busy: Vec<_> = busy_ids
+        .iter()
+        .map(|&id| keyed.try_acquire(&Gated(id)).unwrap())
+        .collect();
+    assert_eq!(keyed.keys(), 127);
+
+    // W makes k on the last free place; X, a second caller of k, makes its
+    // own copy meanwhile (no place).
+    let (w_in, w_go) = gate("shards-W/limit");
+    let w = call_on("shards-W", &keyed, k);
+    w_in.recv_timeout(PATIENCE).expect("W makes k");
+    let (x_in, x_go) = gate("shards-X/limit");
+    let x = call_on("shards-X", &keyed, k);
+    x_in.recv_timeout(PATIENCE).expect("X makes k too");
+    w_go.send(()).unwrap();
+    drop(w.join().unwrap().expect("W admitted"));
+    // n, new in shard 0, evicts the idle k: every place taken.
+    let n_permit = keyed.try_acquire(&Gated(n)).expect("n evicts idle k");
+    assert_eq!(keyed.keys(), 128);
+
+    // X, back: k absent, no place, n busy: it looks in shard 1 and stops as
+    // it hashes b0 there (shard 0's lock not held).
+    HASH_GATED.store(b0, Ordering::SeqCst);
+    let (xh_in, xh_go) = gate("shards-X/hash");
+    x_go.send(()).unwrap();
+    xh_in
+        .recv_timeout(PATIENCE)
+        .expect("X sweeps shard 1 in room_elsewhere");
+    // Y: n now idle; Y evicts it and makes k on its place.
+    drop(n_permit);
+    let (y_in, y_go) = gate("shards-Y/limit");
+    let y = call_on("shards-Y", &keyed, k);
+    y_in.recv_timeout(PATIENCE).expect("Y makes k");
+    // X evicts b0 and inserts k; then Y comes back.
+    xh_go.send(()).unwrap();
+    let x_permit = x.join().unwrap().expect("X admitted");
+    y_go.send(()).unwrap();
+    // Y found k made (by X) and full: the interleaving above took place.
+    assert_eq!(y.join().unwrap().map(drop), Err(ShedReason::LimitReached));
+    HASH_GATED.store(u64::MAX, Ordering::SeqCst);
+    let held_now = keyed.keys();
+
+    // Every key idle: max_keys new keys, all held, must all go in.
+    drop((x_permit, busy));
+    let mut fresh = Vec::new();
+    for (i, id) in (1_000_000u64..).take(128).enumerate() {
+        match keyed.try_acquire(&Gated(id)) {
+            Ok(permit) => fresh.push(permit),
+            Err(shed) => panic!(
+                "new key #{i} of 128 shed ({:?}) with {} keys held (max_keys 128; {held_now} \
+                 held after the race): a place was lost",
+                shed.reason(),
+                keyed.keys()
+            ),
+        }
+    }
+    assert_eq!(keyed.keys(), 128);
+}
+
+/// A new key may be shed while an idle key lies further on only with 128
+/// keys or more busy at once. With each shard's sweep held to its share of
+/// 128 (64 of each of 2 shards), 64 busy keys at the front of one shard, 64
+/// idle behind them and the other shard empty had a new key shed.
+#[test]
+fn a_new_key_is_not_shed_while_64_of_128_keys_are_idle() {
+    let keyed = KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(128));
+    let ids = ids_in(0, 0, 128);
+    let busy: Vec<_> = ids[..64]
+        .iter()
+        .map(|id| keyed.try_acquire(id).unwrap())
+        .collect();
+    for id in &ids[64..] {
+        drop(keyed.try_acquire(id).unwrap());
+    }
+    assert_eq!(keyed.keys(), 128);
+    let newcomer = ids_in(1, 0, 1)[0];
+    if let Err(shed) = keyed.try_acquire(&newcomer) {
+        panic!(
+            "a new key shed ({:?}) with 64 keys busy and 64 idle (docs: only with more than 128 \
+             busy)",
+            shed.reason()
+        );
+    }
+    drop(busy);
+}
+
+/// The same with a newcomer of the full shard itself.
+#[test]
+fn a_new_key_of_the_full_shard_is_not_shed_while_64_of_128_keys_are_idle() {
+    let keyed = KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(128));
+    let ids = ids_in(0, 0, 129);
+    let busy: Vec<_> = ids[..64]
+        .iter()
+        .map(|id| keyed.try_acquire(id).unwrap())
+        .collect();
+    for id in &ids[64..128] {
+        drop(keyed.try_acquire(id).unwrap());
+    }
+    if let Err(shed) = keyed.try_acquire(&ids[128]) {
+        panic!(
+            "a new key shed ({:?}) with 64 keys busy and 64 idle (docs: only with more than 128 \
+             busy)",
+            shed.reason()
+        );
+    }
+    drop(busy);
+}
