@@ -164,12 +164,13 @@ impl<K> KeyedConfig<K> {
     /// one stopped), so with more than 128 busy at once, a new key may be
     /// shed while an idle key lies further on.
     ///
-    /// The keys are spread over one map for every 64 of `max_keys` (up to
-    /// four for each core), each behind its own lock, so that calls of
-    /// different keys on different cores rarely write one lock's word. Of
-    /// the 128 keys a new key looks at, it looks first at an even share at
-    /// the front of each map (where idle keys gather), its own first, then
-    /// deeper.
+    /// The keys are spread over up to one map for every 64 of `max_keys`
+    /// (and up to four for each core), each behind its own lock, so that
+    /// calls of different keys on different cores rarely write one lock's
+    /// word. Of the 128 keys a new key looks at, it looks first at an even
+    /// share at the front of each map (where idle keys gather), its own
+    /// first, then deeper; the key evicted is roughly the least recently
+    /// used of its map, not of all keys.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self

@@ -22,8 +22,8 @@
 //!   once, a new key may be shed while an idle key lies further on, where
 //!   the next new key looks.
 //! - **Calls of different keys on different cores rarely meet**: the keys
-//!   are spread over several maps, each behind its own lock (one map for
-//!   every 64 keys of `max_keys`, up to four for each core). `max_keys`
+//!   are spread over several maps, each behind its own lock (up to one map
+//!   for every 64 keys of `max_keys`, and up to four for each core). `max_keys`
 //!   bounds them all together, and an idle key in any map makes room for a
 //!   new key of another: of the 128 keys a new key looks at, it looks first
 //!   at an even share at the front of each map (where a map's idle keys
