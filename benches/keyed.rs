@@ -14,7 +14,8 @@
 
 mod support;
 
-use criterion::{black_box, criterion_main, Criterion};
+use criterion::measurement::WallTime;
+use criterion::{black_box, criterion_main, BenchmarkGroup, Criterion};
 use std::collections::HashMap;
 use std::sync::{mpsc, Barrier, RwLock};
 use std::time::Duration;
@@ -25,20 +26,59 @@ use tower_inflight::{Bulkhead, Config};
 const LIMIT: usize = 25;
 const RECLAIM_AFTER: Duration = Duration::from_secs(30);
 
+/// The variants, in the order of their turns.
+const VARIANTS: [&str; 4] = [
+    "plain",
+    "plain_and_a_hash_lookup",
+    "plain_and_a_locked_hash_lookup",
+    "keyed",
+];
+
+/// What the variants call, each of `keys` keys made.
+struct Variants {
+    plain: Bulkhead,
+    map: HashMap<u64, Bulkhead>,
+    locked: RwLock<HashMap<u64, Bulkhead>>,
+    keyed: KeyedBulkhead<u64>,
+}
+
+impl Variants {
+    fn new(keys: u64) -> Self {
+        let config = || Config::new(LIMIT, RECLAIM_AFTER);
+        let keyed = KeyedBulkhead::new(KeyedConfig::new(config()).max_keys(keys as usize));
+        for key in 0..keys {
+            drop(keyed.try_acquire(&key).unwrap());
+        }
+        let map: HashMap<u64, Bulkhead> = (0..keys)
+            .map(|key| (key, Bulkhead::new(config())))
+            .collect();
+        Self {
+            plain: Bulkhead::new(config()),
+            locked: RwLock::new(map.clone()),
+            map,
+            keyed,
+        }
+    }
+}
+
+/// Benches each variant of `group`, taking `turns`.
+fn bench_each(group: &mut BenchmarkGroup<'_, WallTime>, turns: &[Turn<'_>]) {
+    for (mine, name) in VARIANTS.into_iter().enumerate() {
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| interleaved(iters, turns, mine))
+        });
+    }
+}
+
 /// Each call takes the next of `KEYS` keys in turn.
 fn try_acquire_drop<const KEYS: u64>(c: &mut Criterion, group: &str) {
     let mut group = c.benchmark_group(group);
-    let plain = Bulkhead::new(Config::new(LIMIT, RECLAIM_AFTER));
-    let keyed = KeyedBulkhead::new(
-        KeyedConfig::new(Config::new(LIMIT, RECLAIM_AFTER)).max_keys(KEYS as usize),
-    );
-    let map: HashMap<u64, Bulkhead> = (0..KEYS)
-        .map(|key| (key, Bulkhead::new(Config::new(LIMIT, RECLAIM_AFTER))))
-        .collect();
-    let locked = RwLock::new(map.clone());
-    for key in 0..KEYS {
-        drop(keyed.try_acquire(&key).unwrap());
-    }
+    let Variants {
+        plain,
+        map,
+        locked,
+        keyed,
+    } = Variants::new(KEYS);
     let key = std::cell::Cell::new(0u64);
     let next = || {
         let k = key.get();
@@ -59,20 +99,10 @@ fn try_acquire_drop<const KEYS: u64>(c: &mut Criterion, group: &str) {
     let keyed_calls = each(|| {
         black_box(black_box(&keyed).try_acquire(&next()).is_ok());
     });
-    let turns: [Turn<'_>; 4] = [&plain_calls, &map_calls, &locked_calls, &keyed_calls];
-    for (mine, name) in [
-        "plain",
-        "plain_and_a_hash_lookup",
-        "plain_and_a_locked_hash_lookup",
-        "keyed",
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        group.bench_function(name, |b| {
-            b.iter_custom(|iters| interleaved(iters, &turns, mine))
-        });
-    }
+    bench_each(
+        &mut group,
+        &[&plain_calls, &map_calls, &locked_calls, &keyed_calls],
+    );
     group.finish();
 }
 
@@ -83,17 +113,12 @@ fn try_acquire_drop_on_two_threads(c: &mut Criterion, group: &str) {
     const KEYS: u64 = 1_000;
     const BATCH: u64 = 8;
     let mut group = c.benchmark_group(group);
-    let plain = Bulkhead::new(Config::new(LIMIT, RECLAIM_AFTER));
-    let keyed = KeyedBulkhead::new(
-        KeyedConfig::new(Config::new(LIMIT, RECLAIM_AFTER)).max_keys(KEYS as usize),
-    );
-    let map: HashMap<u64, Bulkhead> = (0..KEYS)
-        .map(|key| (key, Bulkhead::new(Config::new(LIMIT, RECLAIM_AFTER))))
-        .collect();
-    let locked = RwLock::new(map.clone());
-    for key in 0..KEYS {
-        drop(keyed.try_acquire(&key).unwrap());
-    }
+    let Variants {
+        plain,
+        map,
+        locked,
+        keyed,
+    } = Variants::new(KEYS);
     // Variant `variant`'s `iterations` on thread `thread`, whose keys
     // start half the keys after the other's.
     let calls = |variant: usize, thread: u64, iterations: u64| {
@@ -133,20 +158,7 @@ fn try_acquire_drop_on_two_threads(c: &mut Criterion, group: &str) {
             }
         };
         let turns = [turn(0), turn(1), turn(2), turn(3)];
-        let turns: [Turn<'_>; 4] = [&turns[0], &turns[1], &turns[2], &turns[3]];
-        for (mine, name) in [
-            "plain",
-            "plain_and_a_hash_lookup",
-            "plain_and_a_locked_hash_lookup",
-            "keyed",
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            group.bench_function(name, |b| {
-                b.iter_custom(|iters| interleaved(iters, &turns, mine))
-            });
-        }
+        bench_each(&mut group, &[&turns[0], &turns[1], &turns[2], &turns[3]]);
     });
     group.finish();
 }

@@ -190,48 +190,31 @@ fn a_key_made_while_its_caller_looks_in_another_shard_leaks_no_place() {
 /// A new key may be shed while an idle key lies further on only with 128
 /// keys or more busy at once. With each shard's sweep held to its share of
 /// 128 (64 of each of 2 shards), 64 busy keys at the front of one shard, 64
-/// idle behind them and the other shard empty had a new key shed.
+/// idle behind them and the other shard empty had a new key shed, whether
+/// of the other shard or of the full one.
 #[test]
 fn a_new_key_is_not_shed_while_64_of_128_keys_are_idle() {
-    let keyed = KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(128));
-    let ids = ids_in(0, 0, 128);
-    let busy: Vec<_> = ids[..64]
-        .iter()
-        .map(|id| keyed.try_acquire(id).unwrap())
-        .collect();
-    for id in &ids[64..] {
-        drop(keyed.try_acquire(id).unwrap());
+    for newcomer_shard in [1, 0] {
+        let keyed = KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(128));
+        let ids = ids_in(0, 0, 129);
+        let busy: Vec<_> = ids[..64]
+            .iter()
+            .map(|id| keyed.try_acquire(id).unwrap())
+            .collect();
+        for id in &ids[64..128] {
+            drop(keyed.try_acquire(id).unwrap());
+        }
+        assert_eq!(keyed.keys(), 128);
+        let newcomer = match newcomer_shard {
+            0 => ids[128],
+            _ => ids_in(1, 0, 1)[0],
+        };
+        if let Err(shed) = keyed.try_acquire(&newcomer) {
+            panic!(
+                "a new key of shard {newcomer_shard} shed ({:?}) with 64 keys busy and 64 idle",
+                shed.reason()
+            );
+        }
+        drop(busy);
     }
-    assert_eq!(keyed.keys(), 128);
-    let newcomer = ids_in(1, 0, 1)[0];
-    if let Err(shed) = keyed.try_acquire(&newcomer) {
-        panic!(
-            "a new key shed ({:?}) with 64 keys busy and 64 idle (docs: only with more than 128 \
-             busy)",
-            shed.reason()
-        );
-    }
-    drop(busy);
-}
-
-/// The same with a newcomer of the full shard itself.
-#[test]
-fn a_new_key_of_the_full_shard_is_not_shed_while_64_of_128_keys_are_idle() {
-    let keyed = KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(128));
-    let ids = ids_in(0, 0, 129);
-    let busy: Vec<_> = ids[..64]
-        .iter()
-        .map(|id| keyed.try_acquire(id).unwrap())
-        .collect();
-    for id in &ids[64..128] {
-        drop(keyed.try_acquire(id).unwrap());
-    }
-    if let Err(shed) = keyed.try_acquire(&ids[128]) {
-        panic!(
-            "a new key shed ({:?}) with 64 keys busy and 64 idle (docs: only with more than 128 \
-             busy)",
-            shed.reason()
-        );
-    }
-    drop(busy);
 }
