@@ -2,9 +2,11 @@
 //! key that finds no room in its own map looks in the others, and
 //! `max_keys` bounds them all together. Faults found by an adversarial
 //! reading, each failing on the version before its fix: a place lost when
-//! a key was made while its caller looked for room in another map, and a
-//! new key shed while 64 of 128 keys were idle (each map's sweep looked at
-//! its share of 128 keys only).
+//! a key was made while its caller looked for room in another map, a new
+//! key shed while 64 of 128 keys were idle (each map's sweep looked at its
+//! share of 128 keys only), and a new key shed while 32 of 128 were idle
+//! (a sweep deeper into the maps looked again at the busy keys it had seen
+//! at their fronts).
 //!
 //! `max_keys(128)` gives 2 shards on any machine (128 / 64 = 2, at most
 //! four a core). The shard of a `u64` key is the top bit of
@@ -24,17 +26,41 @@ const LONG: Duration = Duration::from_secs(3_600);
 const PATIENCE: Duration = Duration::from_secs(30);
 const SEED: u64 = 0x9e37_79b9_7f4a_7c15;
 
-/// The shard of a `u64`-hashed key among 2.
-fn shard_of_2(id: u64) -> usize {
-    (id.wrapping_mul(SEED) >> 63) as usize
+/// The shard of a `u64`-hashed key among `1 << bits`.
+fn shard_of(id: u64, bits: u32) -> usize {
+    (id.wrapping_mul(SEED) >> (64 - bits)) as usize
 }
 
 /// The first `count` ids from `from` that fall in shard `at` of 2.
 fn ids_in(at: usize, from: u64, count: usize) -> Vec<u64> {
     (from..)
-        .filter(|&id| shard_of_2(id) == at)
+        .filter(|&id| shard_of(id, 1) == at)
         .take(count)
         .collect()
+}
+
+/// `count` ids of shard `at` among `1 << bits`, after those `taken` so far.
+fn fresh_ids_in(at: usize, bits: u32, count: usize, taken: &mut u64) -> Vec<u64> {
+    let ids: Vec<u64> = (*taken..)
+        .filter(|&id| shard_of(id, bits) == at)
+        .take(count)
+        .collect();
+    *taken = ids.last().map_or(*taken, |last| last + 1);
+    ids
+}
+
+/// Keys `ids` made, each holding its slot.
+fn busy(keyed: &KeyedBulkhead<u64>, ids: &[u64]) -> Vec<KeyedPermit> {
+    ids.iter()
+        .map(|id| keyed.try_acquire(id).expect("room while filling"))
+        .collect()
+}
+
+/// Keys `ids` made, and idle.
+fn idle(keyed: &KeyedBulkhead<u64>, ids: &[u64]) {
+    for id in ids {
+        drop(keyed.try_acquire(id).expect("room while filling"));
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -217,4 +243,61 @@ fn a_new_key_is_not_shed_while_64_of_128_keys_are_idle() {
         }
         drop(busy);
     }
+}
+
+/// Deeper into the shards, a sweep looks only at keys it has not looked at
+/// yet. 2 shards, `max_keys` 128. Shard 0 (the newcomer's): 32 busy keys.
+/// Shard 1: 64 busy keys, then 32 idle ones. The newcomer's sweep looks at
+/// shard 0's 32 (96 left), shard 1's front, 64 busy (32 left), then deeper.
+/// Looking at shard 0's 32 busy keys again, as it did, it was shed with 96
+/// keys busy and 32 idle.
+#[test]
+fn a_new_key_is_not_shed_while_32_of_128_keys_are_idle_behind_a_front_already_swept() {
+    let keyed = KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(128));
+    let mut taken = 0;
+    let mut held = busy(&keyed, &fresh_ids_in(0, 1, 32, &mut taken));
+    held.extend(busy(&keyed, &fresh_ids_in(1, 1, 64, &mut taken)));
+    idle(&keyed, &fresh_ids_in(1, 1, 32, &mut taken));
+    assert_eq!(keyed.keys(), 128);
+    assert_eq!(keyed.status(0).evicted, 0);
+
+    let newcomer = fresh_ids_in(0, 1, 1, &mut taken)[0];
+    if let Err(shed) = keyed.try_acquire(&newcomer) {
+        panic!(
+            "a new key shed ({:?}) with 96 keys busy and 32 idle; refused so far: {}",
+            shed.reason(),
+            keyed.status(0).refused_new_keys
+        );
+    }
+    assert_eq!(keyed.status(0).evicted, 1);
+    drop(held);
+}
+
+/// The same over 4 shards, `max_keys` 256. Shards 0 (the newcomer's), 1
+/// and 2: 16 busy keys each. Shard 3: 32 busy keys, then 176 idle ones. The
+/// sweep: shard 0's 16, the fronts of 1, 2 (16 each) and 3 (32: 48 left),
+/// then deeper. Looking at 0, 1 and 2 again, as it did (48: none left), it
+/// was shed with 80 keys busy and 176 idle.
+#[test]
+fn a_new_key_is_not_shed_while_176_of_256_keys_are_idle_over_four_shards() {
+    let keyed = KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(256));
+    let mut taken = 0;
+    let mut held = Vec::new();
+    for at in 0..3 {
+        held.extend(busy(&keyed, &fresh_ids_in(at, 2, 16, &mut taken)));
+    }
+    held.extend(busy(&keyed, &fresh_ids_in(3, 2, 32, &mut taken)));
+    idle(&keyed, &fresh_ids_in(3, 2, 176, &mut taken));
+    assert_eq!(keyed.keys(), 256);
+    assert_eq!(keyed.status(0).evicted, 0);
+
+    let newcomer = fresh_ids_in(0, 2, 1, &mut taken)[0];
+    if let Err(shed) = keyed.try_acquire(&newcomer) {
+        panic!(
+            "a new key shed ({:?}) with 80 keys busy and 176 idle",
+            shed.reason()
+        );
+    }
+    assert_eq!(keyed.status(0).evicted, 1);
+    drop(held);
 }

@@ -7,7 +7,7 @@
 use crate::bulkhead::{Bulkhead, History};
 use crate::config::Config;
 use crate::error::ShedReason;
-use crate::keyed::shards::{shard_count, shard_of};
+use crate::keyed::shards::{shard_count, shard_of, MAX_SHARDS};
 use crate::keyed::turns::{weight, KeyTurn};
 use crate::keyed::KeyStatus;
 use crate::slots::Claim;
@@ -289,7 +289,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         let shard = &self.shards[at].map;
         // Room first: a key refused allocates nothing. One place a key, held
         // while its hash is in `making`: a second caller of a key being made
-        // takes none.
+        // takes none. No more than `SWEEP` keys looked at, in all.
         let mut elsewhere = None;
         let mut budget = SWEEP;
         let (maker, hash) = loop {
@@ -346,7 +346,6 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             }
             return map.entries.get(key).map(found); // made meanwhile: ours is dropped
         }
-        let mut budget = SWEEP;
         if place.is_none() {
             place = self.room_here(&mut map, &mut budget);
         }
@@ -402,13 +401,18 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     #[cold]
     fn room_elsewhere(&self, at: usize, budget: &mut usize) -> Option<Place<'_, K>> {
         let count = self.shards.len();
+        // How many keys of each shard this search looked at: its own shard's
+        // front, just now (the one search a budget serves but for a caller
+        // whose place was taken while it made its key, which looks on).
+        let mut looked = [0; MAX_SHARDS];
+        looked[at] = (SWEEP - *budget).min(self.sweep_share());
         let shard = |step| (at + step) % count;
-        let fronts = (1..count).map(|step| (shard(step), self.sweep_share()));
+        let fronts = (1..count).map(|step| (shard(step), true));
         // With one shard, its sweep has looked at all it may already.
         let deeper = (0..count)
             .filter(|_| count > 1)
-            .map(|step| (shard(step), usize::MAX));
-        for (shard, looks) in fronts.chain(deeper) {
+            .map(|step| (shard(step), false));
+        for (shard, front) in fronts.chain(deeper) {
             if self.take_free_place() {
                 return Some(Place { keys: self });
             }
@@ -416,9 +420,18 @@ impl<K: Hash + Eq + Clone> Keys<K> {
                 break;
             }
             let mut map = write(&self.shards[shard].map);
+            // Deeper, only the keys not looked at yet: the busy ones seen at
+            // the front went to the back.
+            let looks = if front {
+                self.sweep_share()
+            } else {
+                map.ring.len().saturating_sub(looked[shard])
+            };
+            let before = *budget;
             if self.take_free_place() || self.evict_one(&mut map, budget, looks) {
                 return Some(Place { keys: self });
             }
+            looked[shard] += before - *budget;
         }
         self.refused.fetch_add(1, Ordering::Relaxed);
         None
