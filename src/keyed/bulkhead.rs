@@ -5,6 +5,7 @@ use crate::bulkhead::{Acquire, Bulkhead, Granted, Permit};
 use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::keyed::keys::{KeyLine, Keys, LabelOf, LimitOf};
+use crate::keyed::shards::shard_count;
 use crate::keyed::turns::{Turn, Turns};
 use crate::keyed::KeyedStatus;
 use crate::slots::Claim;
@@ -343,6 +344,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
                     config.weight_of,
                     config.label_of,
                     config.max_keys,
+                    shard_count(config.max_keys),
                 ),
                 ceiling,
                 turns: Turns::default(),

@@ -7,7 +7,7 @@
 use crate::bulkhead::{Bulkhead, History};
 use crate::config::Config;
 use crate::error::ShedReason;
-use crate::keyed::shards::{shard_count, shard_of, MAX_SHARDS};
+use crate::keyed::shards::{shard_of, MAX_SHARDS};
 use crate::keyed::turns::{weight, KeyTurn};
 use crate::keyed::KeyStatus;
 use crate::slots::Claim;
@@ -191,30 +191,10 @@ pub(crate) struct Keys<K> {
 }
 
 impl<K: Hash + Eq + Clone> Keys<K> {
-    pub(crate) fn new(
-        template: Config,
-        max_limit: Option<usize>,
-        limit_of: Option<LimitOf<K>>,
-        guarantee_of: Option<LimitOf<K>>,
-        weight_of: Option<LimitOf<K>>,
-        label_of: Option<LabelOf<K>>,
-        max_keys: usize,
-    ) -> Self {
-        Self::sharded(
-            template,
-            max_limit,
-            limit_of,
-            guarantee_of,
-            weight_of,
-            label_of,
-            max_keys,
-            shard_count(max_keys),
-        )
-    }
-
-    /// [`new`](Self::new) with `shards` shards, a power of two.
+    /// Keys spread over `shards` shards, a power of two (see
+    /// [`shard_count`](crate::keyed::shards::shard_count)).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn sharded(
+    pub(crate) fn new(
         template: Config,
         max_limit: Option<usize>,
         limit_of: Option<LimitOf<K>>,
@@ -616,6 +596,12 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         self.held.load(Ordering::Relaxed)
     }
 
+    /// Keys of `template` alone, with no function per key.
+    #[cfg(test)]
+    pub(crate) fn plain(template: Config, max_keys: usize, shards: usize) -> Self {
+        Self::new(template, None, None, None, None, None, max_keys, shards)
+    }
+
     /// The places taken: keys held, being made, or about to be.
     #[cfg(test)]
     pub(crate) fn places(&self) -> usize {
@@ -737,8 +723,7 @@ mod tests {
 
     /// Keys of one slot each, `max_keys` of them over `shards` shards.
     fn keys(max_keys: usize, shards: usize) -> Keys<u64> {
-        let template = Config::new(1, Duration::from_secs(3_600));
-        Keys::sharded(template, None, None, None, None, None, max_keys, shards)
+        Keys::plain(Config::new(1, Duration::from_secs(3_600)), max_keys, shards)
     }
 
     /// The first `count` keys that shard `at` of `shards` holds.

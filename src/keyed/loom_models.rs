@@ -34,15 +34,7 @@ fn per_key(clock: &ManualClock) -> Config {
 fn loom_a_slot_taken_by_a_waiting_caller_keeps_its_key() {
     loom::model(|| {
         let clock = ManualClock::new();
-        let keys = Arc::new(Keys::<u32>::new(
-            per_key(&clock),
-            None,
-            None,
-            None,
-            None,
-            None,
-            1,
-        ));
+        let keys = Arc::new(Keys::<u32>::plain(per_key(&clock), 1, 1));
         // Past `reclaim_after` since the clock began: a key noted at tick 0
         // looks reclaimable.
         clock.advance(Duration::from_secs(1));
@@ -117,16 +109,7 @@ fn loom_a_new_key_and_a_caller_of_an_idle_key_of_another_shard_admit_exactly_one
     use crate::keyed::shards::shard_of;
     loom::model(|| {
         let clock = ManualClock::new();
-        let keys = Arc::new(Keys::<u32>::sharded(
-            per_key(&clock),
-            None,
-            None,
-            None,
-            None,
-            None,
-            1,
-            2,
-        ));
+        let keys = Arc::new(Keys::<u32>::plain(per_key(&clock), 1, 2));
         let of_shard = |at| (0..).find(|key| shard_of(key, 2) == at).unwrap();
         let (idle, newcomer) = (of_shard(0), of_shard(1));
         assert!(keys.find(&idle, |_| ()).is_some(), "room for the first key");
