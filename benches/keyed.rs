@@ -73,12 +73,7 @@ fn bench_each(group: &mut BenchmarkGroup<'_, WallTime>, turns: &[Turn<'_>]) {
 /// Each call takes the next of `KEYS` keys in turn.
 fn try_acquire_drop<const KEYS: u64>(c: &mut Criterion, group: &str) {
     let mut group = c.benchmark_group(group);
-    let Variants {
-        plain,
-        map,
-        locked,
-        keyed,
-    } = Variants::new(KEYS);
+    let variants = Variants::new(KEYS);
     let key = std::cell::Cell::new(0u64);
     let next = || {
         let k = key.get();
@@ -86,18 +81,18 @@ fn try_acquire_drop<const KEYS: u64>(c: &mut Criterion, group: &str) {
         k
     };
     let plain_calls = each(|| {
-        black_box(black_box(&plain).try_acquire().is_ok());
+        black_box(black_box(&variants.plain).try_acquire().is_ok());
     });
     let map_calls = each(|| {
-        let bulkhead = &black_box(&map)[&next()];
+        let bulkhead = &black_box(&variants.map)[&next()];
         black_box(bulkhead.try_acquire().is_ok());
     });
     let locked_calls = each(|| {
-        let map = black_box(&locked).read().unwrap();
+        let map = black_box(&variants.locked).read().unwrap();
         black_box(map[&next()].try_acquire().is_ok());
     });
     let keyed_calls = each(|| {
-        black_box(black_box(&keyed).try_acquire(&next()).is_ok());
+        black_box(black_box(&variants.keyed).try_acquire(&next()).is_ok());
     });
     bench_each(
         &mut group,
@@ -113,12 +108,7 @@ fn try_acquire_drop_on_two_threads(c: &mut Criterion, group: &str) {
     const KEYS: u64 = 1_000;
     const BATCH: u64 = 8;
     let mut group = c.benchmark_group(group);
-    let Variants {
-        plain,
-        map,
-        locked,
-        keyed,
-    } = Variants::new(KEYS);
+    let variants = Variants::new(KEYS);
     // Variant `variant`'s `iterations` on thread `thread`, whose keys
     // start half the keys after the other's.
     let calls = |variant: usize, thread: u64, iterations: u64| {
@@ -126,13 +116,13 @@ fn try_acquire_drop_on_two_threads(c: &mut Criterion, group: &str) {
         for _ in 0..iterations * BATCH {
             key = (key + 1) % KEYS;
             match variant {
-                0 => black_box(black_box(&plain).try_acquire().is_ok()),
-                1 => black_box(black_box(&map)[&key].try_acquire().is_ok()),
+                0 => black_box(black_box(&variants.plain).try_acquire().is_ok()),
+                1 => black_box(black_box(&variants.map)[&key].try_acquire().is_ok()),
                 2 => {
-                    let map = black_box(&locked).read().unwrap();
+                    let map = black_box(&variants.locked).read().unwrap();
                     black_box(map[&key].try_acquire().is_ok())
                 }
-                _ => black_box(black_box(&keyed).try_acquire(&key).is_ok()),
+                _ => black_box(black_box(&variants.keyed).try_acquire(&key).is_ok()),
             };
         }
     };
