@@ -4,9 +4,10 @@
 //! reading, each failing on the version before its fix: a place lost when
 //! a key was made while its caller looked for room in another map, a new
 //! key shed while 64 of 128 keys were idle (each map's sweep looked at its
-//! share of 128 keys only), and a new key shed while 32 of 128 were idle
-//! (a sweep deeper into the maps looked again at the busy keys it had seen
-//! at their fronts).
+//! share of 128 keys only), a new key shed while 32 of 128 were idle (its
+//! sweep looked again at busy keys it had seen), a caller shed in its second
+//! search for room (it had what its first search left), and a key left in a
+//! ring by a panicking `Clone` counted as a key looked at.
 //!
 //! `max_keys(128)` gives 2 shards on any machine (128 / 64 = 2, at most
 //! four a core). The shard of a `u64` key is the top bit of
@@ -16,7 +17,8 @@
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig, KeyedPermit};
@@ -104,10 +106,25 @@ fn pass(what: &str) {
 
 /// The id whose `Hash` passes a gate `{thread}/hash` (one id at a time).
 static HASH_GATED: AtomicU64 = AtomicU64::new(u64::MAX);
+/// The id whose second `Clone` panics (once), and its clones so far.
+static CLONE_PANICS: AtomicU64 = AtomicU64::new(u64::MAX);
+static CLONES_OF_IT: AtomicUsize = AtomicUsize::new(0);
 
-/// A `u64` key whose `Hash` may stop at a gate.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A `u64` key (in the shard of its `u64`) whose `Hash` may stop at a gate
+/// and whose `Clone` may panic.
+#[derive(Debug, PartialEq, Eq)]
 struct Gated(u64);
+
+impl Clone for Gated {
+    fn clone(&self) -> Self {
+        if self.0 == CLONE_PANICS.load(Ordering::SeqCst)
+            && CLONES_OF_IT.fetch_add(1, Ordering::SeqCst) == 1
+        {
+            panic!("clone of key {} panics", self.0);
+        }
+        Gated(self.0)
+    }
+}
 
 impl Hash for Gated {
     fn hash<H: Hasher>(&self, state: &mut H) {
@@ -116,6 +133,26 @@ impl Hash for Gated {
         }
         state.write_u64(self.0);
     }
+}
+
+/// A keyed bulkhead of `max_keys` whose keys' makers pass a gate
+/// `{thread}/limit`.
+fn gated_keyed(max_keys: usize) -> KeyedBulkhead<Gated> {
+    KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, LONG))
+            .limit_per_key(|_: &Gated| {
+                pass("limit");
+                1
+            })
+            .max_keys(max_keys),
+    )
+}
+
+/// Keys `ids` made, each holding its slot.
+fn busy_gated(keyed: &KeyedBulkhead<Gated>, ids: &[u64]) -> Vec<KeyedPermit> {
+    ids.iter()
+        .map(|&id| keyed.try_acquire(&Gated(id)).expect("room while filling"))
+        .collect()
 }
 
 fn call_on(
@@ -131,8 +168,8 @@ fn call_on(
 }
 
 /// A caller X of key k, back from making k with no place, finds no room in
-/// k's shard and drops the shard's lock to look in the other. Meanwhile a caller Y of k, finding k absent and no
-/// hash of it in `making`, evicts an idle key of k's shard, pushes k's hash
+/// k's shard and drops the shard's lock to look in the other. Meanwhile a
+/// caller Y of k, finding k absent and no hash of it in `making`, evicts an idle key of k's shard, pushes k's hash
 /// with that place and makes k. X, back, checks only that k is not in the
 /// map, and inserts k on the place it found elsewhere. Y, back, takes its
 /// place from `making`, finds k in the map, and (taking it for another key
@@ -140,14 +177,7 @@ fn call_on(
 /// key, a place lost (`max_keys` 128 holds 127 keys at most from then on).
 #[test]
 fn a_key_made_while_its_caller_looks_in_another_shard_leaks_no_place() {
-    let keyed = KeyedBulkhead::new(
-        KeyedConfig::new(Config::new(1, LONG))
-            .limit_per_key(|_: &Gated| {
-                pass("limit");
-                1
-            })
-            .max_keys(128),
-    );
+    let keyed = gated_keyed(128);
     let k = ids_in(0, 1_000, 1)[0];
     let n = ids_in(0, k + 1, 1)[0];
     let b0 = ids_in(1, 2_000, 1)[0];
@@ -245,14 +275,14 @@ fn a_new_key_is_not_shed_while_64_of_128_keys_are_idle() {
     }
 }
 
-/// Deeper into the shards, a sweep looks only at keys it has not looked at
-/// yet. 2 shards, `max_keys` 128. Shard 0 (the newcomer's): 32 busy keys.
-/// Shard 1: 64 busy keys, then 32 idle ones. The newcomer's sweep looks at
-/// shard 0's 32 (96 left), shard 1's front, 64 busy (32 left), then deeper.
-/// Looking at shard 0's 32 busy keys again, as it did, it was shed with 96
-/// keys busy and 32 idle.
+/// A search for room looks at no key twice. 2 shards, `max_keys` 128. Shard
+/// 0 (the newcomer's): 32 busy keys. Shard 1: 64 busy keys, then 32 idle
+/// ones. The newcomer looks at shard 0's 32, then on into shard 1, and
+/// finds an idle key at its 97th look. Looking at shard 0's 32 again, as a
+/// sweep of the fronts of the shards first and then deeper did, it was shed
+/// with 96 keys busy and 32 idle.
 #[test]
-fn a_new_key_is_not_shed_while_32_of_128_keys_are_idle_behind_a_front_already_swept() {
+fn a_new_key_is_not_shed_while_32_of_128_keys_are_idle_behind_96_busy() {
     let keyed = KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(128));
     let mut taken = 0;
     let mut held = busy(&keyed, &fresh_ids_in(0, 1, 32, &mut taken));
@@ -275,9 +305,9 @@ fn a_new_key_is_not_shed_while_32_of_128_keys_are_idle_behind_a_front_already_sw
 
 /// The same over 4 shards, `max_keys` 256. Shards 0 (the newcomer's), 1
 /// and 2: 16 busy keys each. Shard 3: 32 busy keys, then 176 idle ones. The
-/// sweep: shard 0's 16, the fronts of 1, 2 (16 each) and 3 (32: 48 left),
-/// then deeper. Looking at 0, 1 and 2 again, as it did (48: none left), it
-/// was shed with 80 keys busy and 176 idle.
+/// newcomer finds an idle key at its 81st look. Looking at shards 0, 1 and
+/// 2 again, as the sweep of the fronts first did, it was shed with 80 keys
+/// busy and 176 idle.
 #[test]
 fn a_new_key_is_not_shed_while_176_of_256_keys_are_idle_over_four_shards() {
     let keyed = KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(256));
@@ -300,4 +330,119 @@ fn a_new_key_is_not_shed_while_176_of_256_keys_are_idle_over_four_shards() {
     }
     assert_eq!(keyed.status(0).evicted, 1);
     drop(held);
+}
+
+/// A caller whose place was taken while it made its key searches for room
+/// again, with a budget of its own: with what was left of the first
+/// search's, it looked at the same busy keys again and was shed.
+///
+/// 2 shards. Shard 0: a1..a64 busy. Shard 1: I, idle and not used since the
+/// last sweep, at the front, then 63 busy. A (key X of shard 0) looks at the
+/// 64 busy of shard 0 (64 left), evicts I at shard 1's front (63 left), and
+/// makes X (held at a gate). Meanwhile a second caller of X takes A's place
+/// and inserts X, X goes idle and a new key Y of shard 1 evicts it; then
+/// every key of shard 1 goes idle. A, back with no place, looks at 63 of the
+/// same 64 busy keys of shard 0 again (budget spent) and is shed: 64 of 128
+/// keys idle, 65 distinct keys looked at.
+#[test]
+fn a_re_search_is_not_shed_while_64_of_128_keys_are_idle() {
+    let keyed = gated_keyed(128);
+    let mut taken = 10_000_000;
+    let i = fresh_ids_in(1, 1, 1, &mut taken)[0];
+    let shard1_busy_ids = fresh_ids_in(1, 1, 63, &mut taken);
+    let shard0_busy_ids = fresh_ids_in(0, 1, 64, &mut taken);
+    let z = fresh_ids_in(0, 1, 1, &mut taken)[0];
+    let x = fresh_ids_in(0, 1, 1, &mut taken)[0];
+    let y = fresh_ids_in(1, 1, 1, &mut taken)[0];
+
+    let i_permit = keyed.try_acquire(&Gated(i)).unwrap();
+    let shard1_busy = busy_gated(&keyed, &shard1_busy_ids);
+    let shard0_busy = busy_gated(&keyed, &shard0_busy_ids);
+    assert_eq!(keyed.keys(), 128);
+    // Z, every key busy: its sweep passes over all 128 (each no longer used
+    // since) and it is shed.
+    assert_eq!(
+        keyed
+            .try_acquire(&Gated(z))
+            .map(drop)
+            .map_err(|s| s.reason()),
+        Err(ShedReason::TooManyKeys)
+    );
+    drop(i_permit); // I idle, unused, at the front of shard 1
+
+    // A: evicts I, then makes X and stops there.
+    let (a_in, a_go) = gate("research-A/limit");
+    let a = call_on("research-A", &keyed, x);
+    a_in.recv_timeout(PATIENCE).expect("A makes X");
+    assert_eq!(keyed.status(0).evicted, 1, "A evicted I");
+    // A second caller of X takes A's place and inserts X; X goes idle.
+    drop(
+        keyed
+            .try_acquire(&Gated(x))
+            .expect("X made by its second caller"),
+    );
+    // Y, new in shard 1, evicts the idle X.
+    drop(keyed.try_acquire(&Gated(y)).expect("Y evicts the idle X"));
+    assert_eq!(keyed.status(0).evicted, 2, "Y evicted X");
+    assert_eq!(keyed.keys(), 128);
+    // Every key of shard 1 idle: 64 of 128.
+    drop(shard1_busy);
+
+    a_go.send(()).unwrap();
+    let result = a.join().unwrap();
+    if let Err(reason) = &result {
+        panic!(
+            "A, back with no place, was shed ({reason:?}) with 64 of 128 keys idle (all of \
+             shard 1) and 64 busy: its re-search looked again at the busy keys its first \
+             search saw; evicted {}, refused {}",
+            keyed.status(0).evicted,
+            keyed.status(0).refused_new_keys
+        );
+    }
+    drop((result, shard0_busy));
+}
+
+/// A key in a ring and not in its map (left by a `Clone` that panicked as
+/// its key went in) costs a sweep no look. 2 shards. Shard 0's ring: P (no
+/// entry), 63 busy, then I idle. Shard 1: 63 busy. One key being made (held
+/// at a gate) takes the 128th place. A new key of shard 0, counting P as a
+/// look, was shed with I idle and fewer than 128 keys looked at.
+#[test]
+fn a_key_left_in_a_ring_by_a_panicking_clone_hides_no_idle_key_from_the_sweep() {
+    let keyed = gated_keyed(128);
+    let mut taken = 20_000_000;
+    let p = fresh_ids_in(0, 1, 1, &mut taken)[0];
+    let shard0_busy_ids = fresh_ids_in(0, 1, 63, &mut taken);
+    let idle_id = fresh_ids_in(0, 1, 1, &mut taken)[0];
+    let shard1_busy_ids = fresh_ids_in(1, 1, 63, &mut taken);
+    let maker = fresh_ids_in(1, 1, 1, &mut taken)[0];
+    let newcomer = fresh_ids_in(0, 1, 1, &mut taken)[0];
+
+    CLONES_OF_IT.store(0, Ordering::SeqCst);
+    CLONE_PANICS.store(p, Ordering::SeqCst);
+    let panicked = catch_unwind(AssertUnwindSafe(|| keyed.try_acquire(&Gated(p)).map(drop)));
+    CLONE_PANICS.store(u64::MAX, Ordering::SeqCst);
+    assert!(panicked.is_err(), "P's second clone panics as it goes in");
+    assert_eq!(keyed.keys(), 0);
+
+    let shard0_busy = busy_gated(&keyed, &shard0_busy_ids);
+    drop(keyed.try_acquire(&Gated(idle_id)).unwrap());
+    let shard1_busy = busy_gated(&keyed, &shard1_busy_ids);
+    assert_eq!(keyed.keys(), 127);
+    // The 128th place: a key being made.
+    let (m_in, m_go) = gate("ghost-M/limit");
+    let m = call_on("ghost-M", &keyed, maker);
+    m_in.recv_timeout(PATIENCE).expect("M makes its key");
+
+    let result = keyed.try_acquire(&Gated(newcomer)).map_err(|s| s.reason());
+    let (evicted, refused) = (keyed.status(0).evicted, keyed.status(0).refused_new_keys);
+    m_go.send(()).unwrap();
+    let m_result = m.join().unwrap();
+    if let Err(reason) = &result {
+        panic!(
+            "a new key was shed ({reason:?}) with 126 keys busy and 1 idle, having looked at \
+             126 keys and one ghost of 128 looks (evicted {evicted}, refused {refused})"
+        );
+    }
+    drop((result, m_result, shard0_busy, shard1_busy));
 }

@@ -161,17 +161,16 @@ impl<K> KeyedConfig<K> {
     /// used first); a key with slots held never is, until they could be
     /// reclaimed. With `max_keys` keys held and none of them idle, a call
     /// with a new key is shed with [`ShedReason::TooManyKeys`]. A new key
-    /// looks at no more than 128 keys for one to evict (from where the last
-    /// one stopped), so with more than 128 busy at once, a new key may be
-    /// shed while an idle key lies further on.
+    /// looks at no more than 128 keys for one to evict, no key twice (from
+    /// where the last one stopped), so with 128 or more busy at once, a new
+    /// key may be shed while an idle key lies further on.
     ///
     /// The keys are spread over up to one map for every 64 of `max_keys`
     /// (and up to four for each core), each behind its own lock, so that
     /// calls of different keys on different cores rarely write one lock's
-    /// word. Of the 128 keys a new key looks at, it looks first at an even
-    /// share at the front of each map (where idle keys gather), its own
-    /// first, then deeper; the key evicted is roughly the least recently
-    /// used of its map, not of all keys.
+    /// word. A new key looks in its own map first, then in the next ones;
+    /// the key evicted is roughly the least recently used of its map, not of
+    /// all keys.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self

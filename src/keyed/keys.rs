@@ -7,7 +7,7 @@
 use crate::bulkhead::{Bulkhead, History};
 use crate::config::Config;
 use crate::error::ShedReason;
-use crate::keyed::shards::{shard_of, MAX_SHARDS};
+use crate::keyed::shards::shard_of;
 use crate::keyed::turns::{weight, KeyTurn};
 use crate::keyed::KeyStatus;
 use crate::slots::Claim;
@@ -19,11 +19,11 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::BuildHasher;
 use std::hash::Hash;
 
-/// How many keys one new key may look at to find one to evict, so that a
-/// flood of new keys while every key is busy costs a bounded amount each:
-/// first an even share of them at the front of each shard's ring, where
-/// the shard's idle keys gather (the sweep sends busy keys to the back), its
-/// own shard's first; then what is left, deeper, from its own shard on.
+/// How many keys one search for room may look at to find one to evict, so
+/// that a flood of new keys while every key is busy costs a bounded amount
+/// each: its own shard's first, then the next shards', each shard's from
+/// the front of its ring (where its idle keys gather: a sweep sends the busy
+/// keys it looks at to the back), no key twice.
 const SWEEP: usize = 128;
 
 /// How many labels of keys ever report metrics, at most: a bound on the
@@ -269,7 +269,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         let shard = &self.shards[at].map;
         // Room first: a key refused allocates nothing. One place a key, held
         // while its hash is in `making`: a second caller of a key being made
-        // takes none. No more than `SWEEP` keys looked at, in all.
+        // takes none.
         let mut elsewhere = None;
         let mut budget = SWEEP;
         let (maker, hash) = loop {
@@ -326,6 +326,9 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             }
             return map.entries.get(key).map(found); // made meanwhile: ours is dropped
         }
+        // A search of its own, if its place was taken while it made the key
+        // (or it found the key being made and took none).
+        let mut budget = SWEEP;
         if place.is_none() {
             place = self.room_here(&mut map, &mut budget);
         }
@@ -366,60 +369,34 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     /// not taken, or that of an idle key of the shard evicted, looking at
     /// no more than `budget` keys (less those it looks at).
     fn room_here(&self, map: &mut Map<K>, budget: &mut usize) -> Option<Place<'_, K>> {
-        if self.take_free_place() || self.evict_one(map, budget, self.sweep_share()) {
+        if self.take_free_place() || self.evict_one(map, budget) {
             Some(Place { keys: self })
         } else {
             None
         }
     }
 
-    /// A place for a new key of shard `at`, which found none at the front
-    /// of its own shard: one given back meanwhile, or that of an idle key
-    /// evicted, looking at no more than `budget` keys: the front of each
-    /// other shard, then deeper into every shard, its own first (see
-    /// `SWEEP`). `None`, counted as refused, if there is none.
+    /// A place for a new key of shard `at`, which found none in its own
+    /// shard: one given back meanwhile, or that of an idle key of the next
+    /// shards evicted, looking at no more than `budget` keys (see `SWEEP`).
+    /// `None`, counted as refused, if there is none.
     #[cold]
     fn room_elsewhere(&self, at: usize, budget: &mut usize) -> Option<Place<'_, K>> {
         let count = self.shards.len();
-        // How many keys of each shard this search looked at: its own shard's
-        // front, just now (the one search a budget serves but for a caller
-        // whose place was taken while it made its key, which looks on).
-        let mut looked = [0; MAX_SHARDS];
-        looked[at] = (SWEEP - *budget).min(self.sweep_share());
-        let shard = |step| (at + step) % count;
-        let fronts = (1..count).map(|step| (shard(step), true));
-        // With one shard, its sweep has looked at all it may already.
-        let deeper = (0..count)
-            .filter(|_| count > 1)
-            .map(|step| (shard(step), false));
-        for (shard, front) in fronts.chain(deeper) {
+        for step in 1..count {
             if self.take_free_place() {
                 return Some(Place { keys: self });
             }
             if *budget == 0 {
                 break;
             }
-            let mut map = write(&self.shards[shard].map);
-            // Deeper, only the keys not looked at yet: the busy ones seen at
-            // the front went to the back.
-            let looks = if front {
-                self.sweep_share()
-            } else {
-                map.ring.len().saturating_sub(looked[shard])
-            };
-            let before = *budget;
-            if self.take_free_place() || self.evict_one(&mut map, budget, looks) {
+            let mut map = write(&self.shards[(at + step) % count].map);
+            if self.take_free_place() || self.evict_one(&mut map, budget) {
                 return Some(Place { keys: self });
             }
-            looked[shard] += before - *budget;
         }
         self.refused.fetch_add(1, Ordering::Relaxed);
         None
-    }
-
-    /// How many keys a sweep looks at first at the front of each shard.
-    fn sweep_share(&self) -> usize {
-        (SWEEP / self.shards.len()).max(1)
     }
 
     /// Takes one of the `max_keys` places if one is free.
@@ -512,29 +489,34 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     }
 
     /// Evicts one idle key of the shard of `map`, looking at no more than
-    /// `looks` keys and `budget` (less those it looks at), each once: a key
-    /// that is busy goes to the back; an idle key used since the last pass
-    /// gets a second chance, unless no idle key unused since is found, and
-    /// then the first idle one seen is evicted. Its place is the caller's to
-    /// take.
-    fn evict_one(&self, map: &mut Map<K>, budget: &mut usize, looks: usize) -> bool {
+    /// `budget` keys (less those it looks at), each once: a key that is busy
+    /// goes to the back; an idle key used since the last pass gets a second
+    /// chance, unless no idle key unused since is found, and then the first
+    /// idle one seen is evicted. Its place is the caller's to take.
+    fn evict_one(&self, map: &mut Map<K>, budget: &mut usize) -> bool {
         let Map { entries, ring, .. } = map;
         // Each key once: a busy key goes to the back, where the sweep would
         // come to it again.
-        let looks = looks.min(*budget).min(ring.len());
+        let in_ring = ring.len();
         let mut aside = Aside { ring, key: None };
-        for _ in 0..looks {
+        for _ in 0..in_ring {
+            if *budget == 0 {
+                break;
+            }
             let Some(key) = aside.ring.front() else {
                 break;
             };
-            *budget -= 1;
             // Looked up before it leaves the ring: a `Hash` that panics
             // leaves it where it was.
             let entry = entries.get(key);
             let key = aside.ring.pop_front().expect("the ring's front was there");
+            // A key in the ring and not in the map (its `Clone` or `Hash`
+            // panicked as it went in) leaves it, and costs no look: there
+            // was no key to look at.
             let Some(entry) = entry else {
                 continue;
             };
+            *budget -= 1;
             let used = entry.used.swap(false, Ordering::Relaxed);
             if !Self::is_idle(entry) {
                 aside.ring.push_back(key);
@@ -800,33 +782,37 @@ mod tests {
     }
 
     #[test]
-    fn a_sweep_looks_at_the_front_of_every_shard_then_deeper_128_keys_in_all() {
-        // 4 shards, 32 keys at the front of each first. Shard 0 holds 130
-        // busy keys ahead of an idle one; shards 1 to 3 an idle key each.
+    fn a_search_looks_at_its_own_shard_then_the_next_128_keys_in_all() {
+        // 4 shards. Shard 0 holds 130 busy keys ahead of an idle one, the
+        // last in its ring; shards 1 to 3 an idle key each.
         let keys = keys(134, 4);
-        let of_shard_0 = keys_of_shard(0, 4, 136);
+        let of_shard_0 = keys_of_shard(0, 4, 133);
         let mut held: Vec<_> = of_shard_0[..130]
             .iter()
             .map(|&key| hold(&keys, key).expect("room"))
             .collect();
         drop(hold(&keys, of_shard_0[130]).expect("room"));
-        for at in 1..4 {
-            drop(hold(&keys, keys_of_shard(at, 4, 1)[0]).expect("room"));
+        let idle: Vec<_> = (1..4).map(|at| keys_of_shard(at, 4, 3)).collect();
+        for keys_of in &idle {
+            drop(hold(&keys, keys_of[0]).expect("room"));
         }
-        // New keys of shard 0: each looks at 32 busy keys at its own front,
-        // then at the front of the others, where it finds an idle key.
-        for (newcomer, evicted) in of_shard_0[131..134].iter().zip(1..) {
-            held.push(hold(&keys, *newcomer).expect("an idle key at another's front"));
-            assert_eq!(keys.evicted(), evicted);
-        }
-        // The other shards are empty now: the next looks at 32 busy keys of
-        // its own front, then on into its own shard, where the idle key lies
-        // behind 2 more busy ones.
-        held.push(hold(&keys, of_shard_0[134]).expect("the idle key deeper in shard 0"));
-        assert_eq!(keys.evicted(), 4);
-        // Every key busy: the next looks at 128 and is refused.
-        assert!(hold(&keys, of_shard_0[135]).is_none());
+        // A new key of shard 0 looks at 128 busy keys of its own: refused,
+        // though shards 1 to 3 have idle keys.
+        assert!(hold(&keys, of_shard_0[131]).is_none());
         assert_eq!(keys.refused(), 1);
+        // The next goes on from where it stopped: 2 busy keys, then the idle
+        // one.
+        held.push(hold(&keys, of_shard_0[131]).expect("the idle key of shard 0"));
+        assert_eq!(keys.evicted(), 1);
+        // A new key of shard 2 evicts the idle key of its own shard; the
+        // next, with none idle in its own, that of shard 3.
+        held.push(hold(&keys, idle[1][1]).expect("the idle key of shard 2"));
+        held.push(hold(&keys, idle[1][2]).expect("the idle key of shard 3"));
+        assert_eq!(keys.evicted(), 3);
+        assert!(
+            hold(&keys, idle[2][0]).is_none(),
+            "shard 3's key was evicted"
+        );
         assert_eq!(keys.len(), 134);
         assert_places_match(&keys);
     }

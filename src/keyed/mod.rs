@@ -17,18 +17,19 @@
 //!   reclaimed); with none idle, the new key's call is shed with
 //!   [`ShedReason::TooManyKeys`](crate::ShedReason::TooManyKeys), and
 //!   nothing is allocated for it. A new key looks at no more than 128 keys
-//!   for one to evict, from where the last new key stopped, so a flood of
-//!   new keys costs a bounded amount each: with more than 128 keys busy at
-//!   once, a new key may be shed while an idle key lies further on, where
-//!   the next new key looks.
+//!   for one to evict, no key twice, from where the last new key stopped
+//!   (it looks again only if another caller made its key, which was evicted
+//!   while it made its own), so a flood of new keys costs a bounded amount
+//!   each: with 128 keys or more busy at once, a new key may be shed while
+//!   an idle key lies further on, where the next new key looks.
 //! - **Calls of different keys on different cores rarely meet**: the keys
 //!   are spread over several maps, each behind its own lock (up to one map
-//!   for every 64 keys of `max_keys`, and up to four for each core). `max_keys`
-//!   bounds them all together, and an idle key in any map makes room for a
-//!   new key of another: of the 128 keys a new key looks at, it looks first
-//!   at an even share at the front of each map (where a map's idle keys
-//!   gather, as its sweeps send busy keys to the back), its own first, then
-//!   deeper, from its own map on.
+//!   for every 64 keys of `max_keys`, and up to four for each core).
+//!   `max_keys` bounds them all together, and an idle key in any map makes
+//!   room for a new key of another: a new key looks in its own map first,
+//!   then in the next ones, each from the front of its ring (where a map's
+//!   idle keys gather, as its sweeps send the busy keys to the back). The
+//!   key evicted is roughly the least recently used of its map.
 //! - **Waiting, in turns**: a caller waits for its key's slot (the per-key
 //!   `wait`), then, holding it, for the ceiling's (the ceiling's `wait`). In
 //!   the ceiling's line the keys waiting take turns, weighted

@@ -11,7 +11,7 @@ const KEYS_A_SHARD: usize = 64;
 
 /// The most shards, whatever the cores: past it, two cores meet on one
 /// shard's lock rarely enough.
-pub(crate) const MAX_SHARDS: usize = 64;
+const MAX_SHARDS: usize = 64;
 
 /// How many shards a keyed bulkhead of `max_keys` keys has: a power of
 /// two, up to four for each core this process may run on (so that two
