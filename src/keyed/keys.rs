@@ -18,6 +18,7 @@ use crate::sync::{
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::BuildHasher;
 use std::hash::Hash;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
 /// How many keys one search for room may look at to find one to evict, so
 /// that a flood of new keys while every key is busy costs a bounded amount
@@ -354,15 +355,38 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             }
         };
         let found = found(&entry);
-        // The ring first: a key in the ring and not in the map (a `Clone`
-        // or `Hash` that panicked) is passed over by the sweep, while a key
-        // in the map and not in the ring could never be evicted.
-        map.ring.push_back(key.clone());
-        map.entries.insert(key.clone(), entry);
-        // Relaxed: a count; the key itself is published by the lock.
-        self.held.fetch_add(1, Ordering::Relaxed);
+        // Both clones before either goes in: a `Clone` that panics leaves
+        // neither, while a key in the map and not in the ring could never
+        // be evicted, and one in the ring twice would be looked at twice.
+        let (in_ring, in_map) = (key.clone(), key.clone());
+        self.insert_entry(&mut map, in_map, entry);
+        map.ring.push_back(in_ring);
         place.keep();
         Some(found)
+    }
+
+    /// Puts `entry` in the map of its shard, counted as a key held.
+    ///
+    /// If a key's `Hash` panics as the map makes room (std's `HashMap`
+    /// hashes every key again when it rehashes), the map drops the keys it
+    /// had not placed again: they leave the count of keys held and give
+    /// their places back, and the panic goes on to the caller. (Their
+    /// entries left in the ring are passed over by the sweep.)
+    fn insert_entry(&self, map: &mut Map<K>, key: K, entry: Entry) {
+        let before = map.entries.len();
+        let inserted = catch_unwind(AssertUnwindSafe(|| map.entries.insert(key, entry)));
+        // Relaxed: counts; the keys themselves are published by the lock.
+        match inserted {
+            Ok(_) => {
+                self.held.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(panic) => {
+                let lost = before.saturating_sub(map.entries.len());
+                self.held.fetch_sub(lost, Ordering::Relaxed);
+                self.places.fetch_sub(lost, Ordering::Relaxed);
+                resume_unwind(panic);
+            }
+        }
     }
 
     /// A place for a new key in the shard of `map`: one of the `max_keys`

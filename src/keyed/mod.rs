@@ -18,10 +18,11 @@
 //!   [`ShedReason::TooManyKeys`](crate::ShedReason::TooManyKeys), and
 //!   nothing is allocated for it. A new key looks at no more than 128 keys
 //!   for one to evict, no key twice, from where the last new key stopped
-//!   (it looks again only if another caller made its key, which was evicted
-//!   while it made its own), so a flood of new keys costs a bounded amount
-//!   each: with 128 keys or more busy at once, a new key may be shed while
-//!   an idle key lies further on, where the next new key looks.
+//!   (a caller that raced others to make the same key, or a key of the
+//!   same hash, may look a second time), so a flood of new keys costs a
+//!   bounded amount each: with 128 keys or more busy at once, a new key may
+//!   be shed while an idle key lies further on, where the next new key
+//!   looks.
 //! - **Calls of different keys on different cores rarely meet**: the keys
 //!   are spread over several maps, each behind its own lock (up to one map
 //!   for every 64 keys of `max_keys`, and up to four for each core).

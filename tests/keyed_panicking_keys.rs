@@ -1,0 +1,347 @@
+//! Keys whose own `Clone` or `Hash` panic while the keys' maps are busy:
+//! faults found by an adversarial reading, each failing on the version
+//! before its fix (a key whose `Clone` panicked went into its ring twice and
+//! was looked at twice; such keys left entries in the ring that made memory
+//! and one call's work grow; a `Hash` that panicked as a map rehashed lost
+//! places).
+//!
+//! `max_keys(128)` gives 2 shards, `max_keys(64)` one. The shard of a `u64`
+//! key among `1 << bits` is the top `bits` bits of `key * SEED`.
+
+use std::hash::{Hash, Hasher};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Once, OnceLock};
+use std::time::Duration;
+use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig, KeyedPermit};
+use tower_inflight::{Config, ShedReason};
+
+const LONG: Duration = Duration::from_secs(3_600);
+const SEED: u64 = 0x9e37_79b9_7f4a_7c15;
+
+fn shard_of(id: u64, bits: u32) -> usize {
+    (id.wrapping_mul(SEED) >> (64 - bits)) as usize
+}
+
+/// `count` ids of shard `at` among `1 << bits`, after those `taken` so far.
+fn fresh_ids_in(at: usize, bits: u32, count: usize, taken: &mut u64) -> Vec<u64> {
+    let ids: Vec<u64> = (*taken..)
+        .filter(|&id| shard_of(id, bits) == at)
+        .take(count)
+        .collect();
+    *taken = ids.last().map_or(*taken, |last| last + 1);
+    ids
+}
+
+/// Panics of the keys' own code, expected, say nothing: their messages
+/// start with `QUIET`.
+const QUIET: &str = "[expected]";
+
+fn quiet_panics<R>(f: impl FnOnce() -> R) -> std::thread::Result<R> {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let quiet = info
+                .payload()
+                .downcast_ref::<String>()
+                .is_some_and(|message| message.starts_with(QUIET));
+            if !quiet {
+                default(info);
+            }
+        }));
+    });
+    catch_unwind(AssertUnwindSafe(f))
+}
+
+// ---------------------------------------------------------------------------
+// 1. A key whose `Clone` panicked as it went in is in its ring twice once it
+//    goes in: a search looks at it twice.
+// ---------------------------------------------------------------------------
+
+/// The id whose second clone panics (once).
+static TWICE_PANICS: AtomicU64 = AtomicU64::new(u64::MAX);
+static TWICE_CLONES: AtomicUsize = AtomicUsize::new(0);
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Twice(u64);
+
+impl Clone for Twice {
+    fn clone(&self) -> Self {
+        if self.0 == TWICE_PANICS.load(Ordering::SeqCst)
+            && TWICE_CLONES.fetch_add(1, Ordering::SeqCst) == 1
+        {
+            panic!("{QUIET} clone of key {} panics", self.0);
+        }
+        Twice(self.0)
+    }
+}
+
+/// 2 shards, `max_keys` 128. P's second `Clone` panics as P first goes in:
+/// P is left in shard 0's ring with no entry. P's next call puts it in, and
+/// in the ring a second time. Then 126 busy keys and one idle key I of
+/// shard 0: 128 keys, 127 busy. A new key of shard 0 looks at P, P again,
+/// then 126 busy keys: 128 looks, budget spent, I never seen, and it is
+/// shed with 127 keys busy and one idle.
+#[test]
+fn a_key_put_in_after_its_clone_panicked_is_not_looked_at_twice() {
+    let keyed: KeyedBulkhead<Twice> =
+        KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(128));
+    let mut taken = 30_000_000;
+    let p = fresh_ids_in(0, 1, 1, &mut taken)[0];
+    let busy_ids = fresh_ids_in(0, 1, 126, &mut taken);
+    let idle_id = fresh_ids_in(0, 1, 1, &mut taken)[0];
+    let newcomer = fresh_ids_in(0, 1, 1, &mut taken)[0];
+
+    TWICE_CLONES.store(0, Ordering::SeqCst);
+    TWICE_PANICS.store(p, Ordering::SeqCst);
+    let panicked = quiet_panics(|| keyed.try_acquire(&Twice(p)).map(drop));
+    TWICE_PANICS.store(u64::MAX, Ordering::SeqCst);
+    assert!(panicked.is_err(), "P's second clone panics as it goes in");
+    assert_eq!(keyed.keys(), 0);
+
+    let mut held: Vec<KeyedPermit> = vec![keyed.try_acquire(&Twice(p)).expect("P goes in")];
+    held.extend(
+        busy_ids
+            .iter()
+            .map(|&id| keyed.try_acquire(&Twice(id)).expect("room while filling")),
+    );
+    drop(keyed.try_acquire(&Twice(idle_id)).expect("room for I"));
+    assert_eq!(keyed.keys(), 128);
+
+    let result = keyed.try_acquire(&Twice(newcomer)).map_err(|s| s.reason());
+    if let Err(reason) = &result {
+        panic!(
+            "a new key was shed ({reason:?}) with 127 keys busy and 1 idle: its search looked \
+             at P twice (P is in its ring twice since its Clone panicked), 128 looks for 127 \
+             keys (evicted {}, refused {})",
+            keyed.status(0).evicted,
+            keyed.status(0).refused_new_keys
+        );
+    }
+    drop((result, held));
+}
+
+// ---------------------------------------------------------------------------
+// 2. Keys left in a ring by a panicking `Clone` (ghosts) pile up while
+//    places are free, and a ghost costs a search no look: one new key's
+//    call walks them all.
+// ---------------------------------------------------------------------------
+
+/// While set, every second clone of a `Ghostly` panics: each key that goes
+/// in (a clone for the ring, one for the map) is left in the ring alone.
+static GHOSTLY: AtomicBool = AtomicBool::new(false);
+static GHOSTLY_CLONES: AtomicUsize = AtomicUsize::new(0);
+/// `Ghostly` values alive, and hashes of one so far.
+static GHOSTLY_ALIVE: AtomicUsize = AtomicUsize::new(0);
+static GHOSTLY_HASHES: AtomicUsize = AtomicUsize::new(0);
+
+#[derive(Debug, PartialEq, Eq)]
+struct Ghostly(u64);
+
+impl Ghostly {
+    fn new(id: u64) -> Self {
+        GHOSTLY_ALIVE.fetch_add(1, Ordering::SeqCst);
+        Ghostly(id)
+    }
+}
+
+impl Clone for Ghostly {
+    fn clone(&self) -> Self {
+        if GHOSTLY.load(Ordering::SeqCst) && GHOSTLY_CLONES.fetch_add(1, Ordering::SeqCst) % 2 == 1
+        {
+            panic!("{QUIET} second clone of key {} panics", self.0);
+        }
+        Ghostly::new(self.0)
+    }
+}
+
+impl Drop for Ghostly {
+    fn drop(&mut self) {
+        GHOSTLY_ALIVE.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Hash for Ghostly {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        GHOSTLY_HASHES.fetch_add(1, Ordering::SeqCst);
+        state.write_u64(self.0);
+    }
+}
+
+/// 1 shard (`max_keys` 4). 20,000 new keys whose second clone panics as
+/// each goes in: each call fails, each leaves a clone in the ring, and no
+/// sweep runs while places are free to take them out. Then 4 busy keys
+/// fill the places, and one new key's search walks every ghost (hashing
+/// each): its work grows with the panics before it, not bounded by 128.
+/// The ring holds 20,000 clones of keys with no key held: memory past
+/// anything `max_keys` bounds.
+#[test]
+fn ghosts_left_by_panicking_clones_are_bounded_in_memory_and_in_one_calls_work() {
+    const PANICS: u64 = 20_000;
+    let keyed: KeyedBulkhead<Ghostly> =
+        KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(4));
+    let alive_before = GHOSTLY_ALIVE.load(Ordering::SeqCst);
+    GHOSTLY_CLONES.store(0, Ordering::SeqCst);
+    GHOSTLY.store(true, Ordering::SeqCst);
+    let mut panicked = 0;
+    for id in 0..PANICS {
+        let key = Ghostly::new(id);
+        if quiet_panics(|| keyed.try_acquire(&key).map(drop)).is_err() {
+            panicked += 1;
+        }
+    }
+    GHOSTLY.store(false, Ordering::SeqCst);
+    assert_eq!(panicked, PANICS, "each call's second clone panicked");
+    assert_eq!(keyed.keys(), 0);
+    let left = GHOSTLY_ALIVE.load(Ordering::SeqCst) - alive_before;
+
+    let held: Vec<_> = (PANICS..PANICS + 4)
+        .map(|id| keyed.try_acquire(&Ghostly::new(id)).expect("room for 4"))
+        .collect();
+    let newcomer = Ghostly::new(PANICS + 4);
+    let hashes_before = GHOSTLY_HASHES.load(Ordering::SeqCst);
+    let result = keyed
+        .try_acquire(&newcomer)
+        .map(drop)
+        .map_err(|s| s.reason());
+    let hashes = GHOSTLY_HASHES.load(Ordering::SeqCst) - hashes_before;
+    assert_eq!(result, Err(ShedReason::TooManyKeys));
+    drop(held);
+
+    assert!(
+        left <= 2 * 4 && hashes <= 2 * 128 + 16,
+        "after {PANICS} panicking clones, with no key held (max_keys 4): {left} clones of keys \
+         alive (the ring keeps one for each panic: memory unbounded); then one new key's call \
+         hashed {hashes} keys with a budget of 128 looks (its sweep walked every ghost: work \
+         per call unbounded)"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 3. A `Hash` that panics while a shard's map rehashes in place: the map
+//    drops the entries not rehashed yet, and the counts of keys held and
+//    places taken, kept apart from the maps, never hear of it.
+// ---------------------------------------------------------------------------
+
+/// A key whose `Hash` writes its class alone (`Eq` compares the id too: a
+/// valid `Hash`), and panics for the id in `FLAKY_ID` while `FLAKY_ON`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Flaky {
+    id: u64,
+    class: u64,
+}
+
+static FLAKY_ID: AtomicU64 = AtomicU64::new(u64::MAX);
+static FLAKY_ON: AtomicBool = AtomicBool::new(false);
+
+impl Hash for Flaky {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        if FLAKY_ON.load(Ordering::SeqCst) && self.id == FLAKY_ID.load(Ordering::SeqCst) {
+            panic!("{QUIET} hash of key {} panics", self.id);
+        }
+        state.write_u64(self.class);
+    }
+}
+
+/// Ids from `CHAIN_FROM` up to `CHAIN_TO` (excluded) are makers whose limit
+/// function makes the next (holding its place meanwhile) and then panics:
+/// each evicts an idle key, and all their places are given back.
+const CHAIN_FROM: u64 = 1 << 40;
+static CHAIN_TO: AtomicU64 = AtomicU64::new(0);
+static FLAKY_KEYED: OnceLock<KeyedBulkhead<Flaky>> = OnceLock::new();
+
+fn flaky_keyed() -> &'static KeyedBulkhead<Flaky> {
+    FLAKY_KEYED.get_or_init(|| {
+        KeyedBulkhead::new(
+            KeyedConfig::new(Config::new(1, LONG))
+                .limit_per_key(|key: &Flaky| {
+                    if key.id >= CHAIN_FROM && key.id < CHAIN_TO.load(Ordering::SeqCst) {
+                        if key.id + 1 < CHAIN_TO.load(Ordering::SeqCst) {
+                            let next = Flaky {
+                                id: key.id + 1,
+                                class: key.id + 1,
+                            };
+                            let _ = flaky_keyed().try_acquire(&next);
+                        }
+                        panic!("{QUIET} limit of key {} panics", key.id);
+                    }
+                    1
+                })
+                .max_keys(112),
+        )
+    })
+}
+
+/// 1 shard, `max_keys` 112 (the 128 buckets of a map of 112). K, busy,
+/// then 111 idle keys of one class (one hash: they fill their probe
+/// sequence, so that a key taken out leaves a tombstone). 80 makers, one
+/// inside another's limit function, each evict one of them and give their
+/// places back: 32 keys left, no room left in the map without a rehash. A
+/// new key, with K's `Hash` panicking, goes in: the map rehashes in place,
+/// K's hash panics, and the map drops every entry not rehashed yet. They
+/// were still counted held, their places taken: 112 new keys, all busy, no
+/// longer fit. (K's entry is lost with them: a `Hash` that panics for a key
+/// it hashed before breaks the map's own contract.)
+#[test]
+fn a_hash_panicking_as_a_map_rehashes_loses_no_place() {
+    let keyed = flaky_keyed();
+    let k = Flaky { id: 7, class: 7 };
+    let k_permit = keyed.try_acquire(&k).expect("room for K");
+    for id in 1_000..1_111 {
+        drop(
+            keyed
+                .try_acquire(&Flaky { id, class: 1 })
+                .expect("room while filling"),
+        );
+    }
+    assert_eq!(keyed.keys(), 112);
+
+    CHAIN_TO.store(CHAIN_FROM + 80, Ordering::SeqCst);
+    let first = Flaky {
+        id: CHAIN_FROM,
+        class: CHAIN_FROM,
+    };
+    assert!(quiet_panics(|| keyed.try_acquire(&first).map(drop)).is_err());
+    CHAIN_TO.store(0, Ordering::SeqCst);
+    assert_eq!(keyed.status(0).evicted, 80, "each maker evicted a key");
+    assert_eq!(keyed.keys(), 32);
+
+    FLAKY_ID.store(k.id, Ordering::SeqCst);
+    FLAKY_ON.store(true, Ordering::SeqCst);
+    let newcomer = Flaky {
+        id: 5_000,
+        class: 5_000,
+    };
+    let went_in = quiet_panics(|| keyed.try_acquire(&newcomer).map(drop));
+    FLAKY_ON.store(false, Ordering::SeqCst);
+    let keys_after = keyed.keys();
+
+    drop(k_permit);
+    // Every key idle: 112 new keys, all busy, must all go in.
+    let mut fresh = Vec::new();
+    let mut shed_at = None;
+    for (i, id) in (10_000u64..10_112).enumerate() {
+        match keyed.try_acquire(&Flaky { id, class: id }) {
+            Ok(permit) => fresh.push(permit),
+            Err(_) => {
+                shed_at = Some(i);
+                break;
+            }
+        }
+    }
+    assert!(
+        shed_at.is_none(),
+        "the newcomer's insert {}; then keys() said {keys_after}; of 112 new keys with every \
+         key idle, #{} was shed, keys() saying {}: places lost, and counted as keys held",
+        if went_in.is_err() {
+            "panicked (K's hash, in a rehash)"
+        } else {
+            "went in"
+        },
+        shed_at.unwrap_or_default(),
+        keyed.keys()
+    );
+    assert_eq!(keyed.keys(), 112);
+    drop(fresh);
+}
