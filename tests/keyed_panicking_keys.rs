@@ -278,13 +278,14 @@ fn flaky_keyed() -> &'static KeyedBulkhead<Flaky> {
 /// sequence, so that a key taken out leaves a tombstone). 80 makers, one
 /// inside another's limit function, each evict one of them and give their
 /// places back: 32 keys left, no room left in the map without a rehash. A
-/// new key, with K's `Hash` panicking, goes in: the map rehashes in place,
-/// K's hash panics, and the map drops every entry not rehashed yet. They
-/// were still counted held, their places taken: 112 new keys, all busy, no
-/// longer fit. (K's entry is lost with them: a `Hash` that panics for a key
-/// it hashed before breaks the map's own contract.)
+/// new key, with K's `Hash` panicking, goes in: the map rehashed in place,
+/// K's hash panicked, and the map dropped every entry not rehashed yet, K's
+/// among them. K, busy, was made again beside its permit (two in flight
+/// for a limit of 1); the keys dropped were still counted held, their
+/// places taken, and 112 new keys, all busy, no longer fit. A map of keys
+/// now never hashes a key again once it is in.
 #[test]
-fn a_hash_panicking_as_a_map_rehashes_loses_no_place() {
+fn a_hash_panicking_as_a_map_rehashes_loses_no_key_in_use_nor_a_place() {
     let keyed = flaky_keyed();
     let k = Flaky { id: 7, class: 7 };
     let k_permit = keyed.try_acquire(&k).expect("room for K");
@@ -317,7 +318,14 @@ fn a_hash_panicking_as_a_map_rehashes_loses_no_place() {
     FLAKY_ON.store(false, Ordering::SeqCst);
     let keys_after = keyed.keys();
 
-    drop(k_permit);
+    // K holds its one slot: a second call of K is refused.
+    let second_k = keyed.try_acquire(&k).map_err(|shed| shed.reason());
+    assert_eq!(
+        second_k.as_ref().map(|_| ()).map_err(|reason| *reason),
+        Err(ShedReason::LimitReached),
+        "K, busy with a limit of 1, was made again: its entry was lost"
+    );
+    drop((second_k, k_permit));
     // Every key idle: 112 new keys, all busy, must all go in.
     let mut fresh = Vec::new();
     let mut shed_at = None;

@@ -104,16 +104,26 @@ fn pass(what: &str) {
     }
 }
 
-/// The id whose `Hash` passes a gate `{thread}/hash` (one id at a time).
-static HASH_GATED: AtomicU64 = AtomicU64::new(u64::MAX);
+/// The id whose `Eq` passes a gate `{thread}/eq` (one id at a time): a
+/// sweep compares each key it looks at with the map's.
+static EQ_GATED: AtomicU64 = AtomicU64::new(u64::MAX);
 /// The id whose second `Clone` panics (once), and its clones so far.
 static CLONE_PANICS: AtomicU64 = AtomicU64::new(u64::MAX);
 static CLONES_OF_IT: AtomicUsize = AtomicUsize::new(0);
 
-/// A `u64` key (in the shard of its `u64`) whose `Hash` may stop at a gate
+/// A `u64` key (in the shard of its `u64`) whose `Eq` may stop at a gate
 /// and whose `Clone` may panic.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Eq)]
 struct Gated(u64);
+
+impl PartialEq for Gated {
+    fn eq(&self, other: &Self) -> bool {
+        if self.0 == EQ_GATED.load(Ordering::SeqCst) {
+            pass("eq");
+        }
+        self.0 == other.0
+    }
+}
 
 impl Clone for Gated {
     fn clone(&self) -> Self {
@@ -128,9 +138,6 @@ impl Clone for Gated {
 
 impl Hash for Gated {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        if self.0 == HASH_GATED.load(Ordering::SeqCst) {
-            pass("hash");
-        }
         state.write_u64(self.0);
     }
 }
@@ -205,9 +212,9 @@ fn a_key_made_while_its_caller_looks_in_another_shard_leaks_no_place() {
     assert_eq!(keyed.keys(), 128);
 
     // X, back: k absent, no place, n busy: it looks in shard 1 and stops as
-    // it hashes b0 there (shard 0's lock not held).
-    HASH_GATED.store(b0, Ordering::SeqCst);
-    let (xh_in, xh_go) = gate("shards-X/hash");
+    // it compares b0 there (shard 0's lock not held).
+    EQ_GATED.store(b0, Ordering::SeqCst);
+    let (xh_in, xh_go) = gate("shards-X/eq");
     x_go.send(()).unwrap();
     xh_in
         .recv_timeout(PATIENCE)
@@ -223,7 +230,7 @@ fn a_key_made_while_its_caller_looks_in_another_shard_leaks_no_place() {
     y_go.send(()).unwrap();
     // Y found k made (by X) and full: the interleaving above took place.
     assert_eq!(y.join().unwrap().map(drop), Err(ShedReason::LimitReached));
-    HASH_GATED.store(u64::MAX, Ordering::SeqCst);
+    EQ_GATED.store(u64::MAX, Ordering::SeqCst);
     let held_now = keyed.keys();
 
     // Every key idle: max_keys new keys, all held, must all go in.

@@ -7,6 +7,7 @@
 use crate::bulkhead::{Bulkhead, History};
 use crate::config::Config;
 use crate::error::ShedReason;
+use crate::keyed::hashed::{Borrowed, Hashed, PassthroughState};
 use crate::keyed::shards::shard_of;
 use crate::keyed::turns::{weight, KeyTurn};
 use crate::keyed::KeyStatus;
@@ -15,10 +16,10 @@ use crate::slots::MAX_SLOTS;
 use crate::sync::{
     fence, read, write, Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, RwLock,
 };
+use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::BuildHasher;
 use std::hash::Hash;
-use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
 /// How many keys one search for room may look at to find one to evict, so
 /// that a flood of new keys while every key is busy costs a bounded amount
@@ -138,9 +139,11 @@ struct Shard<K> {
 }
 
 struct Map<K> {
-    entries: HashMap<K, Entry>,
+    /// Keys with their hash (see `hashed`): the map never runs a key's own
+    /// `Hash`, so a key's `Hash` that panics cannot make it drop keys.
+    entries: HashMap<Hashed<K>, Entry, PassthroughState>,
     /// Every key in `entries`, once, in the order the sweep visits them.
-    ring: VecDeque<K>,
+    ring: VecDeque<Hashed<K>>,
     /// The hashes of the keys being made outside the lock, each holding a
     /// place. Hashes, not keys: a place is found and given back without a
     /// call to the key's own `Hash` or `Eq`, either of which may panic. (Two
@@ -166,6 +169,8 @@ impl<K> Map<K> {
 pub(crate) struct Keys<K> {
     /// A power of two of them.
     shards: Box<[Shard<K>]>,
+    /// Hashes every key once, as it comes in (see `hashed`).
+    hasher: RandomState,
     /// The keys held and being made, in every shard: never past `max_keys`.
     places: AtomicUsize,
     /// The keys held, in every shard: counted as each goes in and out of
@@ -210,12 +215,13 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             shards: (0..shards)
                 .map(|_| Shard {
                     map: RwLock::new(Map {
-                        entries: HashMap::new(),
+                        entries: HashMap::default(),
                         ring: VecDeque::new(),
                         making: Vec::new(),
                     }),
                 })
                 .collect(),
+            hasher: RandomState::new(),
             places: AtomicUsize::new(0),
             held: AtomicUsize::new(0),
             template,
@@ -249,9 +255,13 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     #[inline(always)]
     pub(crate) fn find<R>(&self, key: &K, found: impl FnOnce(&Entry) -> R) -> Option<R> {
         let at = self.shard(key);
+        let key = Borrowed {
+            hash: self.hasher.hash_one(key),
+            key,
+        };
         {
             let map = read(&self.shards[at].map);
-            if let Some(entry) = map.entries.get(key) {
+            if let Some(entry) = map.entries.get(key.lookup()) {
                 entry.mark_used();
                 return Some(found(entry));
             }
@@ -262,12 +272,22 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     /// `found` of `key`'s entry if it is held; nothing is made.
     pub(crate) fn get<R>(&self, key: &K, found: impl FnOnce(&Entry) -> R) -> Option<R> {
         let map = read(&self.shards[self.shard(key)].map);
-        map.entries.get(key).map(found)
+        let key = Borrowed {
+            hash: self.hasher.hash_one(key),
+            key,
+        };
+        map.entries.get(key.lookup()).map(found)
     }
 
     #[cold]
-    fn insert<R>(&self, at: usize, key: &K, found: impl FnOnce(&Entry) -> R) -> Option<R> {
+    fn insert<R>(
+        &self,
+        at: usize,
+        hashed: Borrowed<'_, K>,
+        found: impl FnOnce(&Entry) -> R,
+    ) -> Option<R> {
         let shard = &self.shards[at].map;
+        let (key, hash, lookup) = (hashed.key, hashed.hash, hashed.lookup());
         // Room first: a key refused allocates nothing. One place a key, held
         // while its hash is in `making`: a second caller of a key being made
         // takes none.
@@ -275,10 +295,9 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         let mut budget = SWEEP;
         let (maker, hash) = loop {
             let mut map = write(shard);
-            if let Some(entry) = map.entries.get(key) {
+            if let Some(entry) = map.entries.get(lookup) {
                 return Some(found(entry)); // made meanwhile
             }
-            let hash = map.entries.hasher().hash_one(key);
             if map.making.contains(&hash) {
                 drop(elsewhere.take());
                 break (None, hash);
@@ -319,13 +338,13 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         // room now. Taken before the key's own code runs again: if its
         // `Hash`, `Eq` or `Clone` panics below, the place is given back.
         let mut place = map.take_place(hash).then(|| Place { keys: self });
-        if map.entries.contains_key(key) {
+        if map.entries.contains_key(lookup) {
             if let Some(place) = place {
                 // Another key's, of the same hash: not ours to take.
                 map.making.push(hash);
                 place.keep();
             }
-            return map.entries.get(key).map(found); // made meanwhile: ours is dropped
+            return map.entries.get(lookup).map(found); // made meanwhile: ours is dropped
         }
         // A search of its own, if its place was taken while it made the key
         // (or it found the key being made and took none).
@@ -339,8 +358,8 @@ impl<K: Hash + Eq + Clone> Keys<K> {
                 drop(map);
                 let elsewhere = self.room_elsewhere(at, &mut budget)?;
                 map = write(shard);
-                if map.entries.contains_key(key) {
-                    return map.entries.get(key).map(found); // made meanwhile
+                if map.entries.contains_key(lookup) {
+                    return map.entries.get(lookup).map(found); // made meanwhile
                 }
                 // Being made meanwhile, by a caller that found it absent:
                 // that caller's place is the key's, taken as above, and the
@@ -358,35 +377,24 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         // Both clones before either goes in: a `Clone` that panics leaves
         // neither, while a key in the map and not in the ring could never
         // be evicted, and one in the ring twice would be looked at twice.
-        let (in_ring, in_map) = (key.clone(), key.clone());
-        self.insert_entry(&mut map, in_map, entry);
+        let (in_ring, in_map) = (
+            Hashed {
+                hash,
+                key: key.clone(),
+            },
+            Hashed {
+                hash,
+                key: key.clone(),
+            },
+        );
+        // The map runs no `Hash` of a key's (see `hashed`), and a key's
+        // `Eq` that panics as it goes in leaves nothing in.
+        map.entries.insert(in_map, entry);
+        // Relaxed: a count; the key itself is published by the lock.
+        self.held.fetch_add(1, Ordering::Relaxed);
         map.ring.push_back(in_ring);
         place.keep();
         Some(found)
-    }
-
-    /// Puts `entry` in the map of its shard, counted as a key held.
-    ///
-    /// If a key's `Hash` panics as the map makes room (std's `HashMap`
-    /// hashes every key again when it rehashes), the map drops the keys it
-    /// had not placed again: they leave the count of keys held and give
-    /// their places back, and the panic goes on to the caller. (Their
-    /// entries left in the ring are passed over by the sweep.)
-    fn insert_entry(&self, map: &mut Map<K>, key: K, entry: Entry) {
-        let before = map.entries.len();
-        let inserted = catch_unwind(AssertUnwindSafe(|| map.entries.insert(key, entry)));
-        // Relaxed: counts; the keys themselves are published by the lock.
-        match inserted {
-            Ok(_) => {
-                self.held.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(panic) => {
-                let lost = before.saturating_sub(map.entries.len());
-                self.held.fetch_sub(lost, Ordering::Relaxed);
-                self.places.fetch_sub(lost, Ordering::Relaxed);
-                resume_unwind(panic);
-            }
-        }
     }
 
     /// A place for a new key in the shard of `map`: one of the `max_keys`
@@ -530,13 +538,13 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             let Some(key) = aside.ring.front() else {
                 break;
             };
-            // Looked up before it leaves the ring: a `Hash` that panics
+            // Looked up before it leaves the ring: an `Eq` that panics
             // leaves it where it was.
-            let entry = entries.get(key);
+            let entry = entries.get(key.lookup());
             let key = aside.ring.pop_front().expect("the ring's front was there");
-            // A key in the ring and not in the map (its `Clone` or `Hash`
-            // panicked as it went in) leaves it, and costs no look: there
-            // was no key to look at.
+            // A key in the ring and not in the map would leave it, costing
+            // no look. (None should be: a key goes in the map, then in the
+            // ring, and a sweep takes it out of both.)
             let Some(entry) = entry else {
                 continue;
             };
@@ -586,8 +594,8 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         entry.bulkhead.is_unshared() || entry.bulkhead.reclaimable_since(last_taken)
     }
 
-    fn evict(&self, entries: &mut HashMap<K, Entry>, key: &K) {
-        if let Some(entry) = entries.remove(key) {
+    fn evict(&self, entries: &mut HashMap<Hashed<K>, Entry, PassthroughState>, key: &Hashed<K>) {
+        if let Some(entry) = entries.remove(key.lookup()) {
             self.held.fetch_sub(1, Ordering::Relaxed);
             // Slots still held are past their deadlines (leaked): forgotten,
             // so that a key that reports metrics shows none in flight.
@@ -630,7 +638,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         let mut busiest = Vec::new();
         for shard in self.shards.iter() {
             let map = read(&shard.map);
-            let mut busy: Vec<(&K, &Entry, usize, usize)> = map
+            let mut busy: Vec<(&Hashed<K>, &Entry, usize, usize)> = map
                 .entries
                 .iter()
                 .map(|(key, entry)| {
@@ -644,7 +652,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             busiest.extend(
                 busy.into_iter()
                     .map(|(key, entry, in_flight, waiting)| KeyStatus {
-                        key: key.clone(),
+                        key: key.key.clone(),
                         limit: entry.bulkhead.limit(),
                         in_flight,
                         waiting,
@@ -663,8 +671,8 @@ impl<K: Hash + Eq + Clone> Keys<K> {
 /// panics in the sweep: out of the ring, a key in the map could never be
 /// evicted.
 struct Aside<'a, K> {
-    ring: &'a mut VecDeque<K>,
-    key: Option<K>,
+    ring: &'a mut VecDeque<Hashed<K>>,
+    key: Option<Hashed<K>>,
 }
 
 impl<K> Drop for Aside<'_, K> {

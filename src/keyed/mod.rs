@@ -58,6 +58,7 @@
 //! the slots held until the response body ends).
 
 mod bulkhead;
+mod hashed;
 #[cfg(feature = "http")]
 mod http;
 mod keys;
