@@ -1,14 +1,12 @@
 //! Places for new keys and counts of keyed bulkheads, under races and
-//! keys whose `Clone` or `Hash` panic: faults found by an adversarial
-//! reading, each a promise an earlier version broke (a place leaked by a
-//! panicking `Clone`, a deadlock on the map's lock after a panicking
-//! `Hash`, a place leaked by a `Hash` that panics once the key is made,
-//! more than `max_keys` keys held after racing first calls, an admission
-//! counted by a key for a call its ceiling refused, and an event hook that
-//! deadlocked on the map's lock).
+//! keys whose `Clone` panics: faults found by an adversarial reading, each
+//! a promise an earlier version broke (a place leaked by a panicking
+//! `Clone`, more than `max_keys` keys held after racing first calls, an
+//! admission counted by a key for a call its ceiling refused, and an event
+//! hook that deadlocked on the map's lock). Keys whose `Hash` or `Eq`
+//! misbehave are in `keyed_hashes.rs`.
 
 use std::collections::HashSet;
-use std::hash::{Hash, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Mutex};
@@ -19,9 +17,8 @@ use tower_inflight::{Config, ShedReason};
 const LONG: Duration = Duration::from_secs(30);
 const PATIENCE: Duration = Duration::from_secs(20);
 
-/// Ids whose `Clone` panics, and ids whose `Hash` panics.
+/// Ids whose `Clone` panics.
 static CLONE_PANICS: Mutex<Option<HashSet<u32>>> = Mutex::new(None);
-static HASH_PANICS: Mutex<Option<HashSet<u32>>> = Mutex::new(None);
 
 fn set(of: &Mutex<Option<HashSet<u32>>>, id: u32) {
     of.lock()
@@ -37,14 +34,8 @@ fn has(of: &Mutex<Option<HashSet<u32>>>, id: u32) -> bool {
         .is_some_and(|ids| ids.contains(&id))
 }
 
-fn unset(of: &Mutex<Option<HashSet<u32>>>, id: u32) {
-    if let Some(ids) = of.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-        ids.remove(&id);
-    }
-}
-
-/// A key whose `Clone` or `Hash` panics once its id is named.
-#[derive(Debug, PartialEq, Eq)]
+/// A key whose `Clone` panics once its id is named.
+#[derive(Debug, PartialEq, Eq, Hash)]
 struct Fragile(u32);
 
 impl Clone for Fragile {
@@ -53,15 +44,6 @@ impl Clone for Fragile {
             panic!("clone of {} panics", self.0);
         }
         Fragile(self.0)
-    }
-}
-
-impl Hash for Fragile {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        if has(&HASH_PANICS, self.0) {
-            panic!("hash of {} panics", self.0);
-        }
-        self.0.hash(state);
     }
 }
 
@@ -83,42 +65,6 @@ fn a_panicking_clone_leaks_no_place_for_new_keys() {
             shed.reason()
         ),
     }
-}
-
-/// A `Hash` that panics while the reservation is settled (under the map's
-/// write lock) runs `Reservation::drop`, which takes the write lock again
-/// on the same thread: the keyed bulkhead deadlocks for every caller.
-#[test]
-fn a_panicking_hash_while_a_key_is_made_does_not_deadlock() {
-    let keyed = KeyedBulkhead::new(
-        KeyedConfig::new(Config::new(1, LONG))
-            .limit_per_key(|key: &Fragile| {
-                if key.0 == 201 {
-                    // From now on, hashing key 201 panics.
-                    set(&HASH_PANICS, 201);
-                }
-                1
-            })
-            .max_keys(4),
-    );
-    let (done, finished) = mpsc::channel();
-    let first = keyed.clone();
-    std::thread::spawn(move || {
-        let outcome = catch_unwind(AssertUnwindSafe(|| {
-            first.try_acquire(&Fragile(201)).is_ok()
-        }));
-        let _ = done.send(outcome.is_ok());
-    });
-    assert!(
-        finished.recv_timeout(PATIENCE).is_ok(),
-        "a call whose key's Hash panicked never returned (deadlock on the map's lock)"
-    );
-    let (done, finished) = mpsc::channel();
-    let other = keyed.clone();
-    std::thread::spawn(move || {
-        let _ = done.send(other.try_acquire(&Fragile(202)).is_ok());
-    });
-    assert_eq!(finished.recv_timeout(PATIENCE), Ok(true));
 }
 
 /// Two first calls of one key race: the second inserts the key while the
@@ -180,34 +126,6 @@ fn a_call_the_ceiling_refuses_counts_no_admission_on_its_key() {
         "key a counts an admission for the call the ceiling refused"
     );
     drop(held);
-}
-
-/// A `Hash` that panics once the key's limit function has run, as the key
-/// goes into the map: its place must come back (with `max_keys` 1, the
-/// next new key fits).
-#[test]
-fn a_hash_that_panics_as_a_made_key_goes_in_leaks_no_place() {
-    let keyed = KeyedBulkhead::new(
-        KeyedConfig::new(Config::new(1, LONG))
-            .limit_per_key(|key: &Fragile| {
-                if key.0 == 301 {
-                    set(&HASH_PANICS, 301);
-                }
-                1
-            })
-            .max_keys(1),
-    );
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        keyed.try_acquire(&Fragile(301)).is_ok()
-    }));
-    assert!(outcome.is_err(), "the hash was to panic");
-    assert_eq!(keyed.keys(), 0);
-    if let Err(shed) = keyed.try_acquire(&Fragile(302)) {
-        panic!(
-            "no key held, max_keys 1, yet a new key is shed ({:?})",
-            shed.reason()
-        );
-    }
 }
 
 /// A per-key event hook that looks at the keyed bulkhead, heard as the
@@ -435,34 +353,4 @@ fn new_keys_racing_over_many_shards_never_pass_max_keys_nor_lose_a_place() {
         }
     }
     assert_eq!(keyed.keys(), MAX_KEYS, "a place was lost");
-}
-
-/// A sweep for room sets aside the idle key it spares (used lately: a
-/// second chance). When a later key's `Hash` panicked in the same sweep,
-/// the key set aside was lost from the sweep's ring: held in the map
-/// forever, never evicted, its place never given back.
-#[test]
-fn a_sweep_that_panics_loses_no_key_it_set_aside() {
-    let keyed = KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(2));
-    // The ring: 901 (idle, used lately), then 902 (idle).
-    drop(keyed.try_acquire(&Fragile(901)).unwrap());
-    drop(keyed.try_acquire(&Fragile(902)).unwrap());
-    // A new key's sweep spares 901, then 902's `Hash` panics.
-    set(&HASH_PANICS, 902);
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        keyed.try_acquire(&Fragile(903)).is_ok()
-    }));
-    assert!(outcome.is_err(), "902's hash was to panic in the sweep");
-    unset(&HASH_PANICS, 902);
-    // 903 evicts 902 and is held; 901 is idle: 904 evicts it.
-    let held = keyed.try_acquire(&Fragile(903)).expect("903 evicts 902");
-    assert_eq!(keyed.keys(), 2);
-    if let Err(shed) = keyed.try_acquire(&Fragile(904)) {
-        panic!(
-            "a new key shed ({:?}) while key 901 is idle: it left the ring when the sweep \
-             panicked, and can never be evicted",
-            shed.reason()
-        );
-    }
-    drop(held);
 }

@@ -271,11 +271,12 @@ impl<K: Hash + Eq + Clone> Keys<K> {
 
     /// `found` of `key`'s entry if it is held; nothing is made.
     pub(crate) fn get<R>(&self, key: &K, found: impl FnOnce(&Entry) -> R) -> Option<R> {
-        let map = read(&self.shards[self.shard(key)].map);
+        let at = self.shard(key);
         let key = Borrowed {
             hash: self.hasher.hash_one(key),
             key,
         };
+        let map = read(&self.shards[at].map);
         map.entries.get(key.lookup()).map(found)
     }
 
@@ -336,7 +337,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         // caller takes the place of a maker not back yet, who then finds the
         // key made, or, if it was evicted meanwhile, needs room again), or
         // room now. Taken before the key's own code runs again: if its
-        // `Hash`, `Eq` or `Clone` panics below, the place is given back.
+        // `Eq` or `Clone` panics below, the place is given back.
         let mut place = map.take_place(hash).then(|| Place { keys: self });
         if map.entries.contains_key(lookup) {
             if let Some(place) = place {
@@ -667,7 +668,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
 }
 
 /// The key a sweep set aside: spared for a second chance, or to be evicted.
-/// Back at the end of the ring unless evicted, also when a key's `Hash`
+/// Back at the end of the ring unless evicted, also when a key's `Eq`
 /// panics in the sweep: out of the ring, a key in the map could never be
 /// evicted.
 struct Aside<'a, K> {
