@@ -136,6 +136,33 @@ fn max_keys_bounds_every_key_together_and_any_idle_key_makes_room() {
     drop(held);
 }
 
+/// A caller waiting for its key's slot keeps its key from eviction by new
+/// keys of every shard.
+#[tokio::test(flavor = "current_thread")]
+async fn a_waiting_caller_keeps_its_key_from_eviction_by_any_shard() {
+    const MAX_KEYS: usize = 128; // 2 shards
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, LONG).wait(Duration::from_secs(10))).max_keys(MAX_KEYS),
+    );
+    // Key 0 held, and a caller waiting for it.
+    let holder = keyed.try_acquire(&0).unwrap();
+    let waiting = {
+        let keyed = keyed.clone();
+        tokio::spawn(async move { keyed.acquire(&0).await.map(|_| ()) })
+    };
+    tokio::task::yield_now().await;
+    drop(holder);
+    // The waiter is handed the slot; before it runs, floods of new keys of
+    // every shard look for room.
+    for id in 1..=(4 * MAX_KEYS as u64) {
+        if let Err(shed) = keyed.try_acquire(&id) {
+            assert_eq!(shed.reason(), ShedReason::TooManyKeys);
+        }
+    }
+    waiting.await.unwrap().expect("the waiter got key 0's slot");
+    assert!(keyed.keys() <= MAX_KEYS);
+}
+
 #[test]
 fn a_key_s_leaked_slot_is_reclaimed_after_reclaim_after_not_before() {
     let clock = ManualClock::new();

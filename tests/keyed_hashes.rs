@@ -5,7 +5,8 @@
 
 use std::hash::{Hash, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig};
 use tower_inflight::{Config, ShedReason};
@@ -196,4 +197,68 @@ fn distinct_keys_of_one_hash_are_told_apart() {
         .collect();
     assert_eq!(keyed.keys(), 256);
     drop(fresh);
+}
+
+// ---------------------------------------------------------------------------
+// A key whose `Eq` changes its answer.
+// ---------------------------------------------------------------------------
+
+/// A key whose `Eq` answers yes once it is armed, then no: the sweep finds
+/// it (yes), then fails to take it out (no). Its place was handed on all
+/// the same, and the keys held grew past `max_keys` without bound. Now a
+/// key not found again keeps its place: new keys are refused (an `Eq` that
+/// is not an equivalence costs places, as it would in a `HashMap`), and no
+/// more than `max_keys` keys are ever held.
+#[derive(Clone, Debug)]
+struct Fickle {
+    id: u64,
+    armed: Arc<AtomicBool>,
+    answers: Arc<AtomicUsize>,
+}
+
+impl Fickle {
+    fn new(id: u64) -> Self {
+        Self {
+            id,
+            armed: Arc::default(),
+            answers: Arc::default(),
+        }
+    }
+}
+
+impl PartialEq for Fickle {
+    fn eq(&self, other: &Self) -> bool {
+        if self.id != other.id {
+            return false;
+        }
+        !self.armed.load(Ordering::SeqCst) || self.answers.fetch_add(1, Ordering::SeqCst) == 0
+    }
+}
+
+impl Eq for Fickle {}
+
+impl Hash for Fickle {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
+}
+
+#[test]
+fn keys_held_stay_within_max_keys_when_an_eq_changes_its_answer() {
+    let keyed = KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(1));
+    for round in 0..50u64 {
+        let fickle = Fickle::new(round);
+        if let Ok(permit) = keyed.try_acquire(&fickle) {
+            drop(permit);
+        }
+        fickle.armed.store(true, Ordering::SeqCst);
+        if let Err(shed) = keyed.try_acquire(&Fickle::new(1_000_000 + round)) {
+            assert_eq!(shed.reason(), ShedReason::TooManyKeys);
+        }
+    }
+    assert!(
+        keyed.keys() <= 1,
+        "{} keys held under max_keys(1)",
+        keyed.keys()
+    );
 }

@@ -162,8 +162,9 @@ impl<K> KeyedConfig<K> {
     /// reclaimed. With `max_keys` keys held and none of them idle, a call
     /// with a new key is shed with [`ShedReason::TooManyKeys`]. A new key
     /// looks at no more than 128 keys for one to evict, no key twice (from
-    /// where the last one stopped), so with 128 or more busy at once, a new
-    /// key may be shed while an idle key lies further on.
+    /// where the last one stopped; a caller that raced others to make the
+    /// same key may look a second time), so with 128 or more busy at once, a
+    /// new key may be shed while an idle key lies further on.
     ///
     /// The keys are spread over up to one map for every 64 of `max_keys`
     /// (and up to four for each core), each behind its own lock, so that

@@ -568,9 +568,12 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         let Some(key) = &aside.key else {
             return false;
         };
-        self.evict(entries, key);
+        // Not found again only if the key's `Eq` changed its answer: out of
+        // the ring, and no place handed on for it.
+        let evicted = self.evict(entries, key);
         aside.key = None;
-        true
+        give_back_room(entries, aside.ring);
+        evicted
     }
 
     /// Whether nobody holds or is taking a slot of `entry` (under the map's
@@ -595,16 +598,23 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         entry.bulkhead.is_unshared() || entry.bulkhead.reclaimable_since(last_taken)
     }
 
-    fn evict(&self, entries: &mut HashMap<Hashed<K>, Entry, PassthroughState>, key: &Hashed<K>) {
-        if let Some(entry) = entries.remove(key.lookup()) {
-            self.held.fetch_sub(1, Ordering::Relaxed);
-            // Slots still held are past their deadlines (leaked): forgotten,
-            // so that a key that reports metrics shows none in flight.
-            if entry.bulkhead.in_flight() > 0 {
-                entry.bulkhead.reset();
-            }
+    /// Takes `key` out of the map, if it is found there.
+    fn evict(
+        &self,
+        entries: &mut HashMap<Hashed<K>, Entry, PassthroughState>,
+        key: &Hashed<K>,
+    ) -> bool {
+        let Some(entry) = entries.remove(key.lookup()) else {
+            return false;
+        };
+        self.held.fetch_sub(1, Ordering::Relaxed);
+        // Slots still held are past their deadlines (leaked): forgotten,
+        // so that a key that reports metrics shows none in flight.
+        if entry.bulkhead.in_flight() > 0 {
+            entry.bulkhead.reset();
         }
         self.evicted.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -664,6 +674,26 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         busiest.sort_by_key(|status| std::cmp::Reverse((status.in_flight, status.waiting)));
         busiest.truncate(count);
         busiest
+    }
+}
+
+/// A shard's map and ring keep the room of the most keys they ever held:
+/// given back once they hold a quarter of it, so that keys moving from
+/// shard to shard leave no room behind in each (without it, `max_keys` keys
+/// could keep the room of `max_keys` in every shard). A map's rehash runs
+/// no key's own code (see `hashed`).
+fn give_back_room<K: Eq>(
+    entries: &mut HashMap<Hashed<K>, Entry, PassthroughState>,
+    ring: &mut VecDeque<Hashed<K>>,
+) {
+    /// Room for this many keys is never worth giving back.
+    const KEPT: usize = 16;
+    let held = entries.len().max(KEPT);
+    if entries.capacity() > 4 * held {
+        entries.shrink_to(2 * held);
+    }
+    if ring.capacity() > 4 * held {
+        ring.shrink_to(2 * held);
     }
 }
 
