@@ -151,6 +151,11 @@ struct Map<K> {
     /// back may find no room: a call shed, never a key past `max_keys`.)
     /// Each place is counted in `Keys::places`.
     making: Vec<u64>,
+    /// The most keys `entries` held since it last gave room back: the room
+    /// it keeps. (Its `capacity()` is not: a key taken out of a crowded
+    /// stretch of the table leaves a mark that counts as neither a key nor
+    /// room.)
+    most: usize,
 }
 
 impl<K> Map<K> {
@@ -218,6 +223,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
                         entries: HashMap::default(),
                         ring: VecDeque::new(),
                         making: Vec::new(),
+                        most: 0,
                     }),
                 })
                 .collect(),
@@ -391,6 +397,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         // The map runs no `Hash` of a key's (see `hashed`), and a key's
         // `Eq` that panics as it goes in leaves nothing in.
         map.entries.insert(in_map, entry);
+        map.most = map.most.max(map.entries.len());
         // Relaxed: a count; the key itself is published by the lock.
         self.held.fetch_add(1, Ordering::Relaxed);
         map.ring.push_back(in_ring);
@@ -527,7 +534,12 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     /// chance, unless no idle key unused since is found, and then the first
     /// idle one seen is evicted. Its place is the caller's to take.
     fn evict_one(&self, map: &mut Map<K>, budget: &mut usize) -> bool {
-        let Map { entries, ring, .. } = map;
+        let Map {
+            entries,
+            ring,
+            most,
+            ..
+        } = map;
         // Each key once: a busy key goes to the back, where the sweep would
         // come to it again.
         let in_ring = ring.len();
@@ -568,12 +580,14 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         let Some(key) = &aside.key else {
             return false;
         };
-        // Not found again only if the key's `Eq` changed its answer: out of
-        // the ring, and no place handed on for it.
-        let evicted = self.evict(entries, key);
+        // Not found again only if the key's `Eq` changed its answer: back
+        // in the ring, and no place handed on for it.
+        if !self.evict(entries, key) {
+            return false;
+        }
         aside.key = None;
-        give_back_room(entries, aside.ring);
-        evicted
+        give_back_room(entries, aside.ring, most);
+        true
     }
 
     /// Whether nobody holds or is taking a slot of `entry` (under the map's
@@ -685,12 +699,15 @@ impl<K: Hash + Eq + Clone> Keys<K> {
 fn give_back_room<K: Eq>(
     entries: &mut HashMap<Hashed<K>, Entry, PassthroughState>,
     ring: &mut VecDeque<Hashed<K>>,
+    most: &mut usize,
 ) {
     /// Room for this many keys is never worth giving back.
     const KEPT: usize = 16;
     let held = entries.len().max(KEPT);
-    if entries.capacity() > 4 * held {
+    if *most > 4 * held {
         entries.shrink_to(2 * held);
+        // The room it keeps: `shrink_to` leaves room for at least that many.
+        *most = 2 * held;
     }
     if ring.capacity() > 4 * held {
         ring.shrink_to(2 * held);
