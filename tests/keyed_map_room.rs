@@ -334,3 +334,91 @@ fn keys_moving_from_shard_to_shard_leave_no_map_capacity_behind() {
         grown * 100 / full
     );
 }
+
+/// A keyed bulkhead of 449 keys of one slot, whose limit function panics
+/// for ids from `PANICS_FROM` up.
+fn keyed_of_449() -> KeyedBulkhead<u64> {
+    KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, LONG))
+            .limit_per_key(|id: &u64| {
+                assert!(*id < PANICS_FROM, "no limit known for {id}");
+                1
+            })
+            .max_keys(449),
+    )
+}
+
+/// A map's room is the most its `capacity()` was, not the most keys it held:
+/// the 449th key grows a map from 512 buckets to 1,024, room for 896 keys.
+/// Judged by keys (449), shard 0 kept that room down to 112 keys, an eighth
+/// of it; judged by its room, it gives it back below 224.
+#[test]
+fn a_shard_holding_an_eighth_of_its_map_s_room_gives_it_back() {
+    const MAX_KEYS: usize = 449;
+    const LEFT: usize = 113;
+    quiet_panics();
+    let bits = shard_bits(MAX_KEYS);
+    assert!(bits >= 1, "needs several shards");
+    let ids_of = |at: usize, from: &mut u64| {
+        let id = (*from..).find(|&id| shard_of(id, bits) == at).unwrap();
+        *from = id + 1;
+        id
+    };
+    // Churned: shard 0 filled to 449 keys (its map grows to 1,024 buckets
+    // at the 449th), then emptied to 113, the others moved to shard 1.
+    let start = live();
+    let churned = keyed_of_449();
+    let (mut next, mut panicking) = (0u64, PANICS_FROM);
+    let mut at_448 = 0;
+    for made in 1..=MAX_KEYS {
+        drop(churned.try_acquire(&ids_of(0, &mut next)).expect("a place"));
+        if made == MAX_KEYS - 1 {
+            at_448 = live();
+        }
+    }
+    let at_449 = live();
+    let (mut before_per_key, mut after_per_key) = (0, 0);
+    for moved in 0..MAX_KEYS - LEFT {
+        let id = ids_of(0, &mut panicking);
+        assert!(catch_unwind(AssertUnwindSafe(|| churned.try_acquire(&id).map(drop))).is_err());
+        if moved == 100 {
+            before_per_key = live();
+        }
+        drop(churned.try_acquire(&ids_of(1, &mut next)).expect("a place"));
+        if moved == 100 {
+            after_per_key = live();
+        }
+    }
+    assert_eq!(churned.keys(), MAX_KEYS);
+    let churned_bytes = live() - start;
+    // Fresh: the same split, made directly.
+    let start = live();
+    let fresh = keyed_of_449();
+    let (mut a, mut b) = (0u64, 0u64);
+    for _ in 0..LEFT {
+        drop(fresh.try_acquire(&ids_of(0, &mut a)).expect("a place"));
+    }
+    for _ in 0..MAX_KEYS - LEFT {
+        drop(fresh.try_acquire(&ids_of(1, &mut b)).expect("a place"));
+    }
+    assert_eq!(fresh.keys(), MAX_KEYS);
+    let fresh_bytes = live() - start;
+    let per_key = after_per_key - before_per_key;
+    // The 449th key doubled the map from 512 buckets to 1,024.
+    let buckets_512 = at_449 - at_448 - per_key;
+    let extra = churned_bytes - fresh_bytes;
+    eprintln!(
+        "per key {per_key}, 512 buckets {buckets_512}; churned {churned_bytes}, \
+         fresh {fresh_bytes}: {extra} bytes more ({:.2} x 512 buckets)",
+        extra as f64 / buckets_512 as f64
+    );
+    // Given back at a quarter of its room (896 keys), shard 0 would have
+    // shrunk below 224 keys to 512 buckets: 256 more than a fresh map of
+    // 113 keys (256 buckets). Kept, it has 768 more.
+    assert!(
+        extra < buckets_512,
+        "shard 0 holds {LEFT} keys in room for 896 and kept {extra} bytes more than a \
+         fresh map ({:.2} x 512 buckets)",
+        extra as f64 / buckets_512 as f64
+    );
+}

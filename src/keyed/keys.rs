@@ -151,10 +151,11 @@ struct Map<K> {
     /// back may find no room: a call shed, never a key past `max_keys`.)
     /// Each place is counted in `Keys::places`.
     making: Vec<u64>,
-    /// The most keys `entries` held since it last gave room back: the room
-    /// it keeps. (Its `capacity()` is not: a key taken out of a crowded
-    /// stretch of the table leaves a mark that counts as neither a key nor
-    /// room.)
+    /// The room `entries` keeps, in keys: the most its `capacity()` was
+    /// since it last gave room back. (Its `capacity()` now is not: a key
+    /// taken out of a crowded stretch of the table leaves a mark that counts
+    /// as neither a key nor room, and lowers it for good. Right after the
+    /// table grows or shrinks, it is exact.)
     most: usize,
 }
 
@@ -397,7 +398,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         // The map runs no `Hash` of a key's (see `hashed`), and a key's
         // `Eq` that panics as it goes in leaves nothing in.
         map.entries.insert(in_map, entry);
-        map.most = map.most.max(map.entries.len());
+        map.most = map.most.max(map.entries.capacity());
         // Relaxed: a count; the key itself is published by the lock.
         self.held.fetch_add(1, Ordering::Relaxed);
         map.ring.push_back(in_ring);
@@ -706,8 +707,7 @@ fn give_back_room<K: Eq>(
     let held = entries.len().max(KEPT);
     if *most > 4 * held {
         entries.shrink_to(2 * held);
-        // The room it keeps: `shrink_to` leaves room for at least that many.
-        *most = 2 * held;
+        *most = entries.capacity();
     }
     if ring.capacity() > 4 * held {
         ring.shrink_to(2 * held);
