@@ -76,6 +76,26 @@ fn shard_of(word: u64, bits: u32) -> usize {
 /// evicted an idle key of its shard, and the place is given back free.
 const PANICS_FROM: u64 = 1 << 40;
 
+/// A keyed bulkhead of `max_keys` keys of one slot, whose limit function
+/// panics for ids from `PANICS_FROM` up.
+fn keyed_of(max_keys: usize) -> KeyedBulkhead<u64> {
+    KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, LONG))
+            .limit_per_key(|id: &u64| {
+                assert!(*id < PANICS_FROM, "no limit known for {id}");
+                1
+            })
+            .max_keys(max_keys),
+    )
+}
+
+/// The next id from `from` in shard `at` of `1 << bits`; `from` moves past it.
+fn next_id_of(at: usize, bits: u32, from: &mut u64) -> u64 {
+    let id = (*from..).find(|&id| shard_of(id, bits) == at).unwrap();
+    *from = id + 1;
+    id
+}
+
 /// 896 keys fill a map of 1,024 buckets exactly (7/8 of them).
 const FULL: usize = 896;
 
@@ -204,19 +224,8 @@ fn a_shard_left_with_an_eighth_of_its_keys_gives_back_its_map_s_room() {
     const LEFT: usize = 128;
     let bits = shard_bits(MAX_KEYS);
     assert!(bits >= 1, "needs several shards");
-    let keyed = KeyedBulkhead::new(
-        KeyedConfig::new(Config::new(1, LONG))
-            .limit_per_key(|id: &u64| {
-                assert!(*id < PANICS_FROM, "no limit known for {id}");
-                1
-            })
-            .max_keys(MAX_KEYS),
-    );
-    let ids_of = |at: usize, from: &mut u64| {
-        let id = (*from..).find(|&id| shard_of(id, bits) == at).unwrap();
-        *from = id + 1;
-        id
-    };
+    let keyed = keyed_of(MAX_KEYS);
+    let ids_of = |at: usize, from: &mut u64| next_id_of(at, bits, from);
     let (mut next, mut panicking) = (0u64, PANICS_FROM);
     let empty = live();
     let (mut at_600, mut at_800) = (0, 0);
@@ -277,19 +286,8 @@ fn keys_moving_from_shard_to_shard_leave_no_map_capacity_behind() {
     let bits = shard_bits(MAX_KEYS);
     let shards = 1usize << bits;
     assert!(shards >= 2, "needs several shards");
-    let keyed = KeyedBulkhead::new(
-        KeyedConfig::new(Config::new(1, LONG))
-            .limit_per_key(|id: &u64| {
-                assert!(*id < PANICS_FROM, "no limit known for {id}");
-                1
-            })
-            .max_keys(MAX_KEYS),
-    );
-    let ids_of = |at: usize, from: &mut u64| {
-        let id = (*from..).find(|&id| shard_of(id, bits) == at).unwrap();
-        *from = id + 1;
-        id
-    };
+    let keyed = keyed_of(MAX_KEYS);
+    let ids_of = |at: usize, from: &mut u64| next_id_of(at, bits, from);
     let (mut next, mut panicking) = (0u64, PANICS_FROM);
     for _ in 0..MAX_KEYS {
         drop(
@@ -335,19 +333,6 @@ fn keys_moving_from_shard_to_shard_leave_no_map_capacity_behind() {
     );
 }
 
-/// A keyed bulkhead of 449 keys of one slot, whose limit function panics
-/// for ids from `PANICS_FROM` up.
-fn keyed_of_449() -> KeyedBulkhead<u64> {
-    KeyedBulkhead::new(
-        KeyedConfig::new(Config::new(1, LONG))
-            .limit_per_key(|id: &u64| {
-                assert!(*id < PANICS_FROM, "no limit known for {id}");
-                1
-            })
-            .max_keys(449),
-    )
-}
-
 /// A map's room is the most its `capacity()` was, not the most keys it held:
 /// the 449th key grows a map from 512 buckets to 1,024, room for 896 keys.
 /// Judged by keys (449), shard 0 kept that room down to 112 keys, an eighth
@@ -359,15 +344,11 @@ fn a_shard_holding_an_eighth_of_its_map_s_room_gives_it_back() {
     quiet_panics();
     let bits = shard_bits(MAX_KEYS);
     assert!(bits >= 1, "needs several shards");
-    let ids_of = |at: usize, from: &mut u64| {
-        let id = (*from..).find(|&id| shard_of(id, bits) == at).unwrap();
-        *from = id + 1;
-        id
-    };
+    let ids_of = |at: usize, from: &mut u64| next_id_of(at, bits, from);
     // Churned: shard 0 filled to 449 keys (its map grows to 1,024 buckets
     // at the 449th), then emptied to 113, the others moved to shard 1.
     let start = live();
-    let churned = keyed_of_449();
+    let churned = keyed_of(MAX_KEYS);
     let (mut next, mut panicking) = (0u64, PANICS_FROM);
     let mut at_448 = 0;
     for made in 1..=MAX_KEYS {
@@ -393,7 +374,7 @@ fn a_shard_holding_an_eighth_of_its_map_s_room_gives_it_back() {
     let churned_bytes = live() - start;
     // Fresh: the same split, made directly.
     let start = live();
-    let fresh = keyed_of_449();
+    let fresh = keyed_of(MAX_KEYS);
     let (mut a, mut b) = (0u64, 0u64);
     for _ in 0..LEFT {
         drop(fresh.try_acquire(&ids_of(0, &mut a)).expect("a place"));
