@@ -111,6 +111,28 @@ fn quiet_panics() {
     });
 }
 
+/// Makes `FULL` new keys of one shard, each idle, from `next_key`: the
+/// bytes a key takes beside the room of the map and ring (neither grows
+/// between 600 and 800 keys), the room of the full shard, and the bytes
+/// live once it is full.
+fn fill_one_shard<K: Hash + Eq + Clone>(
+    keyed: &KeyedBulkhead<K>,
+    mut next_key: impl FnMut() -> K,
+) -> (isize, isize, isize) {
+    let empty = live();
+    let (mut at_600, mut at_800) = (0, 0);
+    for made in 1..=FULL {
+        drop(keyed.try_acquire(&next_key()).expect("a free place"));
+        match made {
+            600 => at_600 = live(),
+            800 => at_800 = live(),
+            _ => {}
+        }
+    }
+    let (per_key, full) = ((at_800 - at_600) / 200, live());
+    (per_key, full - empty - FULL as isize * per_key, full)
+}
+
 /// Evicts one idle key of the shard of `panicking` (whose limit function
 /// panics), freeing its place.
 fn evict_one_of<K: Hash + Eq + Clone>(keyed: &KeyedBulkhead<K>, panicking: &K) {
@@ -153,26 +175,10 @@ fn a_shard_emptied_of_keys_of_one_hash_gives_back_its_room() {
     );
     let (mut next, mut panicking) = (0u64, PANICS_FROM);
     let tenant = tenant_of(0);
-    let empty = live();
-    let (mut at_600, mut at_800) = (0, 0);
-    for made in 1..=MAX_KEYS {
+    let (per_key, room_full, full) = fill_one_shard(&keyed, || {
         next += 1;
-        drop(
-            keyed
-                .try_acquire(&User { tenant, id: next })
-                .expect("a free place"),
-        );
-        match made {
-            600 => at_600 = live(),
-            800 => at_800 = live(),
-            _ => {}
-        }
-    }
-    let full = live();
-    // Bytes a key takes beside the room of the map and ring (neither grows
-    // between 600 and 800 keys), and the room of one full shard.
-    let per_key = (at_800 - at_600) / 200;
-    let room_full = full - empty - MAX_KEYS as isize * per_key;
+        User { tenant, id: next }
+    });
     for at in 1..shards {
         let (from, to) = (tenant_of(at - 1), tenant_of(at));
         for _ in 0..MAX_KEYS {
@@ -227,25 +233,7 @@ fn a_shard_left_with_an_eighth_of_its_keys_gives_back_its_map_s_room() {
     let keyed = keyed_of(MAX_KEYS);
     let ids_of = |at: usize, from: &mut u64| next_id_of(at, bits, from);
     let (mut next, mut panicking) = (0u64, PANICS_FROM);
-    let empty = live();
-    let (mut at_600, mut at_800) = (0, 0);
-    for made in 1..=FULL {
-        drop(
-            keyed
-                .try_acquire(&ids_of(0, &mut next))
-                .expect("a free place"),
-        );
-        match made {
-            600 => at_600 = live(),
-            800 => at_800 = live(),
-            _ => {}
-        }
-    }
-    let full = live();
-    // Bytes a key takes beside the room of the map and ring (neither grows
-    // between 600 and 800 keys).
-    let per_key = (at_800 - at_600) / 200;
-    let room_full = full - empty - FULL as isize * per_key;
+    let (per_key, room_full, full) = fill_one_shard(&keyed, || ids_of(0, &mut next));
     // Shard 0 emptied down to LEFT keys, the others parked in shard 1
     // (whose room comes to that of a full shard).
     for _ in 0..FULL - LEFT {
