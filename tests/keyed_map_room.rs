@@ -1,10 +1,12 @@
 //! The room a keyed bulkhead's maps of keys keep: keys moving from map to
 //! map (shard to shard) must not leave, in each, the room of the most keys
 //! it ever held, which would come to `max_keys` keys' room in every map;
-//! and a map judges its room by the most keys it held, not by its
-//! `capacity()` (`len + growth_left`: a key taken out of a run of full
-//! slots leaves a tombstone that lowers it for good, so a map emptied from
-//! full reported little capacity while it kept all its buckets).
+//! a map judges its room by the most its `capacity()` was, also when a
+//! key's `Eq` panics in the insert that grew it, not by its `capacity()`
+//! now (`len + growth_left`: a key taken out of a run of full slots leaves
+//! a tombstone that lowers it for good, so a map emptied from full reported
+//! little capacity while it kept all its buckets); and many keys made at
+//! once leave no room for their places behind.
 //!
 //! In a binary of its own: it counts bytes with a global allocator.
 
@@ -15,7 +17,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::hash::{Hash, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Once;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Once, OnceLock};
 use std::time::Duration;
 use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig};
 use tower_inflight::Config;
@@ -104,7 +107,8 @@ fn quiet_panics() {
     ONCE.call_once(|| {
         let hook = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            if !info.to_string().contains("no limit known") {
+            let text = info.to_string();
+            if !text.contains("no limit known") && !text.contains("the poison key's Eq") {
                 hook(info);
             }
         }));
@@ -389,5 +393,252 @@ fn a_shard_holding_an_eighth_of_its_map_s_room_gives_it_back() {
         "shard 0 holds {LEFT} keys in room for 896 and kept {extra} bytes more than a \
          fresh map ({:.2} x 512 buckets)",
         extra as f64 / buckets_512 as f64
+    );
+}
+
+/// The id whose `Clone` arms `EQ_ARMED`: a key is cloned after its map is
+/// asked whether it holds it and before it goes in.
+const POISON: u64 = 1 << 39;
+static EQ_ARMED: AtomicBool = AtomicBool::new(false);
+
+/// A tenant's user, as `User`, whose `Eq` panics once `POISON`'s `Clone`
+/// has armed it.
+#[derive(Debug)]
+struct Poisonable {
+    tenant: u64,
+    id: u64,
+}
+
+impl Clone for Poisonable {
+    fn clone(&self) -> Self {
+        if self.id == POISON {
+            EQ_ARMED.store(true, Ordering::SeqCst);
+        }
+        Poisonable {
+            tenant: self.tenant,
+            id: self.id,
+        }
+    }
+}
+
+impl PartialEq for Poisonable {
+    fn eq(&self, other: &Self) -> bool {
+        if EQ_ARMED.load(Ordering::SeqCst) && (self.id == POISON || other.id == POISON) {
+            panic!("the poison key's Eq panics");
+        }
+        self.tenant == other.tenant && self.id == other.id
+    }
+}
+
+impl Eq for Poisonable {}
+
+impl Hash for Poisonable {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.tenant.hash(state);
+    }
+}
+
+/// Shard 0 filled to 448 keys (its 512 buckets full), then emptied to 113,
+/// the others moved to shard 1. With `poisoned`, the 449th key of shard 0
+/// shares a tenant's hash and its `Eq` panics as it goes in (its place
+/// comes back, and a key of shard 1 takes it); without, it goes in and is
+/// moved like the others. Both end with the same keys in the same shards.
+/// Returns the bytes live, and the bytes the 449th key's step took.
+fn fill_and_empty_shard_0(poisoned: bool) -> (isize, isize) {
+    const MAX_KEYS: usize = 449;
+    const LEFT: usize = 113;
+    let bits = shard_bits(MAX_KEYS);
+    assert!(bits >= 1, "needs several shards");
+    let ids_of = |at: usize, from: &mut u64| next_id_of(at, bits, from);
+    let user = |tenant: u64| Poisonable { tenant, id: tenant };
+    let start = live();
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, LONG))
+            .limit_per_key(|user: &Poisonable| {
+                assert!(user.id < PANICS_FROM, "no limit known for {user:?}");
+                1
+            })
+            .max_keys(MAX_KEYS),
+    );
+    let (mut next0, mut next1, mut panicking) = (0u64, 0u64, PANICS_FROM);
+    let first = ids_of(0, &mut next0);
+    drop(keyed.try_acquire(&user(first)).expect("a place"));
+    for _ in 1..MAX_KEYS - 1 {
+        drop(
+            keyed
+                .try_acquire(&user(ids_of(0, &mut next0)))
+                .expect("a place"),
+        );
+    }
+    let before = live();
+    if poisoned {
+        let poison = Poisonable {
+            tenant: first,
+            id: POISON,
+        };
+        let outcome = catch_unwind(AssertUnwindSafe(|| keyed.try_acquire(&poison).map(drop)));
+        EQ_ARMED.store(false, Ordering::SeqCst);
+        assert!(outcome.is_err(), "the poison key's Eq panics as it goes in");
+        assert_eq!(keyed.keys(), MAX_KEYS - 1, "the poison key went in");
+    } else {
+        drop(
+            keyed
+                .try_acquire(&user(ids_of(0, &mut next0)))
+                .expect("a place"),
+        );
+    }
+    let step = live() - before;
+    if poisoned {
+        drop(
+            keyed
+                .try_acquire(&user(ids_of(1, &mut next1)))
+                .expect("a place"),
+        );
+    }
+    let in_shard_0 = if poisoned { MAX_KEYS - 1 } else { MAX_KEYS };
+    for _ in 0..in_shard_0 - LEFT {
+        let tenant = ids_of(0, &mut panicking);
+        evict_one_of(
+            &keyed,
+            &Poisonable {
+                tenant,
+                id: PANICS_FROM + tenant,
+            },
+        );
+        drop(
+            keyed
+                .try_acquire(&user(ids_of(1, &mut next1)))
+                .expect("a free place"),
+        );
+    }
+    assert_eq!(keyed.keys(), MAX_KEYS);
+    (live() - start, step)
+}
+
+/// `HashMap::insert` grows its table before it compares keys: a key whose
+/// `Eq` panics there left a map doubled, with its room counted as before,
+/// so it kept 1,024 buckets down to an eighth of its keys.
+#[test]
+fn a_map_grown_by_a_key_whose_eq_panics_as_it_goes_in_gives_back_its_room() {
+    quiet_panics();
+    let (plain, _) = fill_and_empty_shard_0(false);
+    let (poisoned, doubled) = fill_and_empty_shard_0(true);
+    let extra = poisoned - plain;
+    eprintln!("{plain} bytes, {poisoned} with the panic: {extra} more; the doubling {doubled}");
+    assert!(doubled > 0, "the panicking insert grew the map");
+    assert!(
+        extra * 2 < doubled,
+        "the shard whose map a panicking key doubled kept {extra} bytes more ({:.2} x \
+         the doubling) than the same shard doubled by a key that went in",
+        extra as f64 / doubled as f64
+    );
+}
+
+/// Nested first calls still to make, in shard `NESTED_SHARD`, from id
+/// `NESTED_NEXT`: a limit function may call its keyed bulkhead, so one
+/// thread holds many keys being made in one shard at once (as callers
+/// sitting in a slow limit function do).
+static NESTED_LEFT: AtomicUsize = AtomicUsize::new(0);
+static NESTED_SHARD: AtomicUsize = AtomicUsize::new(0);
+static NESTED_NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// A keyed bulkhead as `keyed_of`'s, whose limit function makes the next
+/// nested key while `NESTED_LEFT` counts any.
+fn keyed_nesting(max_keys: usize, bits: u32) -> KeyedBulkhead<u64> {
+    let this: Arc<OnceLock<KeyedBulkhead<u64>>> = Arc::new(OnceLock::new());
+    let inner = this.clone();
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, LONG))
+            .limit_per_key(move |id: &u64| {
+                assert!(*id < PANICS_FROM, "no limit known for {id}");
+                let left = NESTED_LEFT.load(Ordering::SeqCst);
+                if left > 0 {
+                    NESTED_LEFT.store(left - 1, Ordering::SeqCst);
+                    let mut from = NESTED_NEXT.load(Ordering::SeqCst);
+                    let next = next_id_of(NESTED_SHARD.load(Ordering::SeqCst), bits, &mut from);
+                    NESTED_NEXT.store(from, Ordering::SeqCst);
+                    let keyed = inner.get().expect("set");
+                    drop(
+                        keyed
+                            .try_acquire(&next)
+                            .expect("a place for the nested key"),
+                    );
+                }
+                1
+            })
+            .max_keys(max_keys),
+    );
+    let _ = this.set(keyed.clone());
+    keyed
+}
+
+/// `max_keys` keys of shard 0, then of shard 1 (evicting shard 0's), and so
+/// on; `nested` makes each shard's keys at once, as one chain of nested
+/// first calls. Returns the bytes live (the keyed bulkhead refers to itself,
+/// and is never dropped).
+fn move_through_shards(max_keys: usize, bits: u32, nested: bool) -> isize {
+    let start = live();
+    let keyed = keyed_nesting(max_keys, bits);
+    let (mut next, mut panicking) = (0u64, PANICS_FROM);
+    for at in 0..1usize << bits {
+        if nested {
+            // Shard `at - 1`'s keys are evicted as this shard's are made.
+            NESTED_SHARD.store(at, Ordering::SeqCst);
+            let first = next_id_of(at, bits, &mut next);
+            NESTED_NEXT.store(next, Ordering::SeqCst);
+            NESTED_LEFT.store(max_keys - 1, Ordering::SeqCst);
+            drop(keyed.try_acquire(&first).expect("a place"));
+            assert_eq!(NESTED_LEFT.load(Ordering::SeqCst), 0);
+            next = NESTED_NEXT.load(Ordering::SeqCst);
+        } else {
+            for _ in 0..max_keys {
+                if at > 0 {
+                    evict_one_of(&keyed, &next_id_of(at - 1, bits, &mut panicking));
+                }
+                drop(
+                    keyed
+                        .try_acquire(&next_id_of(at, bits, &mut next))
+                        .expect("a place"),
+                );
+            }
+        }
+        assert_eq!(keyed.keys(), max_keys);
+    }
+    live() - start
+}
+
+/// Keys being made hold their place in their shard's `making`: a shard
+/// where `max_keys` keys were once made at once kept room for as many
+/// places for good, and keys moving from shard to shard left that room
+/// behind in every shard (`shards x max_keys x 8` bytes).
+#[test]
+fn keys_made_at_once_in_every_shard_leave_no_room_behind() {
+    quiet_panics();
+    const MAX_KEYS: usize = 512;
+    let bits = shard_bits(MAX_KEYS);
+    assert!(bits >= 1, "needs several shards");
+    // Nested first calls run deep: a thread of its own, with its own count.
+    let (one_by_one, at_once) = std::thread::Builder::new()
+        .stack_size(512 << 20)
+        .spawn(move || {
+            (
+                move_through_shards(MAX_KEYS, bits, false),
+                move_through_shards(MAX_KEYS, bits, true),
+            )
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    let extra = at_once - one_by_one;
+    let places = (1isize << bits) * MAX_KEYS as isize * 8;
+    eprintln!(
+        "made one by one {one_by_one} bytes, at once {at_once}: {extra} more \
+         (shards x max_keys x 8 = {places})"
+    );
+    assert!(
+        extra * 4 < places,
+        "keys made at once left {extra} bytes of room for places in the shards ({}% of \
+         shards x max_keys places)",
+        extra * 100 / places
     );
 }

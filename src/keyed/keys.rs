@@ -165,6 +165,11 @@ impl<K> Map<K> {
         match self.making.iter().position(|&made| made == hash) {
             Some(at) => {
                 self.making.swap_remove(at);
+                // Many keys made at once (callers in a slow limit function)
+                // leave no room behind.
+                if let Some(room) = room_to_keep(self.making.capacity(), self.making.len()) {
+                    self.making.shrink_to(room);
+                }
                 true
             }
             None => false,
@@ -397,8 +402,12 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         );
         // The map runs no `Hash` of a key's (see `hashed`), and a key's
         // `Eq` that panics as it goes in leaves nothing in.
-        map.entries.insert(in_map, entry);
+        // Room first, counted before the key goes in: `insert` grows the
+        // table before it compares keys, and a key's `Eq` that panics there
+        // would leave a table grown and not counted.
+        map.entries.reserve(1);
         map.most = map.most.max(map.entries.capacity());
+        map.entries.insert(in_map, entry);
         // Relaxed: a count; the key itself is published by the lock.
         self.held.fetch_add(1, Ordering::Relaxed);
         map.ring.push_back(in_ring);
@@ -702,16 +711,24 @@ fn give_back_room<K: Eq>(
     ring: &mut VecDeque<Hashed<K>>,
     most: &mut usize,
 ) {
-    /// Room for this many keys is never worth giving back.
-    const KEPT: usize = 16;
-    let held = entries.len().max(KEPT);
-    if *most > 4 * held {
-        entries.shrink_to(2 * held);
+    if let Some(room) = room_to_keep(*most, entries.len()) {
+        entries.shrink_to(room);
         *most = entries.capacity();
     }
-    if ring.capacity() > 4 * held {
-        ring.shrink_to(2 * held);
+    if let Some(room) = room_to_keep(ring.capacity(), entries.len()) {
+        ring.shrink_to(room);
     }
+}
+
+/// The room to shrink to, if a collection with room for `room` holds `len`
+/// or fewer a quarter of it: twice what it holds, so that a few more going
+/// in do not grow it again at once (a shrink costs as much as the keys it
+/// moves, and half of them go in or out before the next).
+fn room_to_keep(room: usize, len: usize) -> Option<usize> {
+    /// Room for this many is never worth giving back.
+    const KEPT: usize = 16;
+    let held = len.max(KEPT);
+    (room > 4 * held).then_some(2 * held)
 }
 
 /// The key a sweep set aside: spared for a second chance, or to be evicted.
