@@ -5,8 +5,9 @@
 //! callers still in line, weights rounded away, admissions counted
 //! twice (also for a call the ceiling shed after it waited), a status call
 //! or a panicking `Hash` pinning keys, a leaked
-//! permit's gauge outliving its key, and sheds for too many keys counted
-//! nowhere.
+//! permit's gauge outliving its key, sheds for too many keys counted
+//! nowhere, and a key's share of the ceiling misjudged while a caller of
+//! it was on its way to the ceiling's line.
 #![cfg(all(feature = "metrics", feature = "axum"))]
 
 use std::hash::{Hash, Hasher};
@@ -1117,6 +1118,156 @@ mod behind_the_virtual_time {
         assert_eq!(
             with_w, without_w,
             "w gave up; its key's n (came after c0, both at the virtual time 64) was moved into w's tag 0, ahead of c0"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// A caller that gave up handed its place to its key's last caller, which may
+// have begun a later run (its tag from the virtual time); and a key's caller
+// handed its key's slot, not yet at the ceiling's line, counted as a
+// ceiling's slot of its key's (keys.rs `ceiling_held`).
+// ---------------------------------------------------------------------------
+
+mod by_hand {
+    use super::*;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::Poll;
+    use tokio_test::task::{spawn, Spawn};
+    use tower_inflight::ServiceSaturated;
+
+    type Acquiring = Pin<Box<dyn Future<Output = Result<KeyedPermit, ServiceSaturated>> + Send>>;
+
+    /// A caller of a key, polled by hand.
+    struct Caller {
+        name: &'static str,
+        task: Spawn<Acquiring>,
+    }
+
+    /// A caller of `key` that has come to its line (it waits).
+    fn come(keyed: &KeyedBulkhead<&'static str>, key: &'static str, name: &'static str) -> Caller {
+        let keyed = keyed.clone();
+        let future: Acquiring = Box::pin(async move { keyed.acquire(&key).await });
+        let mut task = spawn(future);
+        assert!(task.poll().is_pending(), "{name} waits");
+        Caller { name, task }
+    }
+
+    impl Caller {
+        /// Its permit, if a slot was handed to it.
+        fn served(&mut self) -> Option<KeyedPermit> {
+            match self.task.poll() {
+                Poll::Ready(outcome) => {
+                    Some(outcome.unwrap_or_else(|e| panic!("{}: {e}", self.name)))
+                }
+                Poll::Pending => None,
+            }
+        }
+    }
+
+    /// Which of `callers` are served now, in that order, their permits kept.
+    fn served_now(
+        callers: &mut [&mut Caller],
+        permits: &mut Vec<KeyedPermit>,
+    ) -> Vec<&'static str> {
+        let mut served = Vec::new();
+        for caller in callers {
+            if let Some(permit) = caller.served() {
+                served.push(caller.name);
+                permits.push(permit);
+            }
+        }
+        served
+    }
+
+    /// "b" has b0..b4 in line (tags 0..256). b0 is served; three slots are
+    /// handed to b1..b3 (tags 64..192), taken up late (a busy runtime).
+    /// Meanwhile "k"'s x (tag 0) and y (64) come. Once b1..b3 are served the
+    /// virtual time is 192; "d"'s w comes (192), then "k"'s z (192: from the
+    /// virtual time, a run of its own, as "k"'s chain ends at 128). x gives
+    /// up: y takes its place, not z, which would go ahead of w, which came
+    /// before it.
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_that_gave_up_hands_its_place_within_its_run_only() {
+        let run = |with_x: bool| async move {
+            let (keyed, mut holder) = filled(eight_at_once(WAIT));
+            let mut b: Vec<Caller> = ["b0", "b1", "b2", "b3", "b4"]
+                .into_iter()
+                .map(|name| come(&keyed, "b", name))
+                .collect();
+            let mut permits = Vec::new();
+            drop(holder.pop());
+            permits.push(b[0].served().expect("b0 is handed the slot"));
+            // Three slots handed to b1..b3, not taken up yet.
+            holder.truncate(holder.len() - 3);
+            let x = with_x.then(|| come(&keyed, "k", "x"));
+            let mut y = come(&keyed, "k", "y");
+            for late in &mut b[1..4] {
+                permits.push(late.served().expect("handed a slot"));
+            }
+            let mut w = come(&keyed, "d", "w");
+            let mut z = come(&keyed, "k", "z");
+            drop(x); // gives up
+            assert_eq!(keyed.ceiling().unwrap().waiting(), 4, "y, w, z and b4 wait");
+            holder.truncate(holder.len() - 2);
+            served_now(&mut [&mut y, &mut w, &mut z], &mut permits)
+        };
+        let without_x = run(false).await;
+        assert_eq!(without_x, ["y", "w"], "control: x never came");
+        let with_x = run(true).await;
+        assert_eq!(
+            with_x, without_x,
+            "x gave up: its key's z (a later run, came after w) was moved into x's tag 0"
+        );
+    }
+
+    /// "g" (limit 2, guarantee 1) holds two calls; its g3 and g4 wait for
+    /// the key's slots. Both calls end at once: their key's slots go to g3
+    /// and g4, their ceiling's slots to "o"'s o1 and o2. "g" holds none of
+    /// the ceiling now. "p"'s p1 comes to the ceiling's line, then g3: below
+    /// its key's share, it goes first, though g4, handed its key's slot, has
+    /// not come to the ceiling's line yet.
+    #[tokio::test(start_paused = true)]
+    async fn a_key_holding_none_of_its_share_goes_first_while_a_key_mate_takes_up_its_key_slot() {
+        let run = |with_g4: bool| async move {
+            let keyed = KeyedBulkhead::new(
+                KeyedConfig::new(Config::new(2, LONG).wait(WAIT))
+                    .ceiling(Config::new(3, LONG).wait(WAIT))
+                    .guarantee_per_key(|key: &&str| usize::from(*key == "g")),
+            );
+            let (g1, g2) = (
+                keyed.try_acquire(&"g").unwrap(),
+                keyed.try_acquire(&"g").unwrap(),
+            );
+            let other = keyed.ceiling().unwrap().try_acquire().unwrap();
+            let mut g3 = come(&keyed, "g", "g3");
+            let mut g4 = with_g4.then(|| come(&keyed, "g", "g4"));
+            let mut o1 = come(&keyed, "o", "o1");
+            let mut o2 = come(&keyed, "o", "o2");
+            drop((g1, g2));
+            let mut permits = vec![o1.served().expect("o1"), o2.served().expect("o2")];
+            assert_eq!(
+                keyed.ceiling().unwrap().in_flight(),
+                3,
+                "o1, o2 and the other"
+            );
+            let mut p1 = come(&keyed, "p", "p1");
+            assert!(g3.served().is_none(), "g3 comes to the ceiling's line");
+            if let Some(g4) = g4.as_mut() {
+                assert!(g4.served().is_none(), "g4 comes to the ceiling's line");
+            }
+            drop(other);
+            let mut callers: Vec<&mut Caller> = vec![&mut g3];
+            callers.extend(g4.as_mut());
+            callers.push(&mut p1);
+            served_now(&mut callers, &mut permits)
+        };
+        assert_eq!(run(false).await, ["g3"], "control: no g4");
+        assert_eq!(
+            run(true).await,
+            ["g3"],
+            "\"g\" held none of its share of 1 when g3 came (g4 handed its key's slot, not yet at the ceiling's line), yet g3 took its turn"
         );
     }
 }

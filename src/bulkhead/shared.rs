@@ -9,7 +9,7 @@ use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::observe::{Observer, Rollups, Totals};
 use crate::slots::{Claim, Share, SlotTable};
-use crate::sync::{Arc, Ordering};
+use crate::sync::{Arc, AtomicUsize, Ordering};
 use crate::wait::{Codel, SaturationSignal, WaitEnd, Waiters};
 use std::time::Duration;
 
@@ -38,6 +38,9 @@ pub(crate) struct Shared {
     /// The cluster ceiling's leases, if the configuration has one.
     #[cfg(feature = "redis")]
     cluster: Option<Arc<crate::redis::Cluster>>,
+    /// For a keyed bulkhead's key: its slots held by calls that hold a slot
+    /// of the keyed bulkhead's ceiling too (see [`Permit::count_with_ceiling`]).
+    pub(super) held_with_ceiling: AtomicUsize,
     pub(super) config: Config,
 }
 
@@ -83,6 +86,7 @@ impl Shared {
                 .cluster
                 .clone()
                 .map(|ceiling| Arc::new(crate::redis::Cluster::new(ceiling, &config))),
+            held_with_ceiling: AtomicUsize::new(0),
             config,
         })
     }

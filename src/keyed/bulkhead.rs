@@ -94,9 +94,10 @@ impl<K> KeyedConfig<K> {
 
     /// How many of the ceiling's slots each key is promised. A caller that
     /// comes to the ceiling's line while its key holds fewer than its share
-    /// (counting its key's callers already in line) gets the next slot
-    /// freed, before every caller of a key that did not (nothing running
-    /// is preempted). Whether a key is below its share is judged as its
+    /// (its calls holding a slot of the ceiling, and its callers already in
+    /// line; not its callers on their way there with its key's slot) gets
+    /// the next slot freed, before every caller of a key that did not
+    /// (nothing running is preempted). Whether a key is below its share is judged as its
     /// caller comes to the line: a caller that came while its key was at
     /// its share takes its turn like any, even if its key's calls end
     /// meanwhile. A caller that goes first takes none of its key's turns:
@@ -375,20 +376,14 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             None => return Err(self.too_many_keys()),
         };
         let Some(ceiling) = &self.inner.ceiling else {
-            return Ok(KeyedPermit {
-                key: bulkhead.admit(claim),
-                ceiling: None,
-            });
+            return Ok(KeyedPermit::alone(bulkhead.admit(claim)));
         };
         // Given back if the ceiling refuses (or a hook of its panics).
         let key = ClaimedKey {
             claimed: Some((bulkhead, claim)),
         };
         let ceiling = ceiling.try_acquire()?;
-        Ok(KeyedPermit {
-            key: key.admit(),
-            ceiling: Some(ceiling),
-        })
+        Ok(KeyedPermit::with_ceiling(key.admit(), ceiling))
     }
 
     /// How a layer's call starts: admitted at once, shed, or left to wait
@@ -425,20 +420,14 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             None => return Start::Shed(self.too_many_keys()),
         };
         let Some(ceiling) = &self.inner.ceiling else {
-            return Start::Admitted(KeyedPermit {
-                key: bulkhead.admit(claim),
-                ceiling: None,
-            });
+            return Start::Admitted(KeyedPermit::alone(bulkhead.admit(claim)));
         };
         // Counted as admitted by the key once the ceiling's slot is held.
         let key = ClaimedKey {
             claimed: Some((bulkhead, claim)),
         };
         match ceiling.try_acquire_unrecorded() {
-            Some(ceiling) => Start::Admitted(KeyedPermit {
-                key: key.admit(),
-                ceiling: Some(ceiling),
-            }),
+            Some(ceiling) => Start::Admitted(KeyedPermit::with_ceiling(key.admit(), ceiling)),
             None => Start::Wait(Some(key.hold(line))),
         }
     }
@@ -492,10 +481,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         };
         let Some(ceiling) = &self.inner.ceiling else {
             held.granted.renew()?;
-            return Ok(KeyedPermit {
-                key: held.admit()?,
-                ceiling: None,
-            });
+            return Ok(KeyedPermit::alone(held.admit()?));
         };
         // The ceiling's slot outlives the caller's turn, so that a caller
         // who gives up (or is shed below) leaves its place in turn before a
@@ -518,10 +504,10 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             in_line.as_mut().project().waiting.served = renewed.is_ok();
         }
         renewed?;
-        Ok(KeyedPermit {
-            key: held.admit()?,
-            ceiling: Some(ceiling_slot.into_renewed_permit(0)?),
-        })
+        Ok(KeyedPermit::with_ceiling(
+            held.admit()?,
+            ceiling_slot.into_renewed_permit(0)?,
+        ))
     }
 
     /// `key`'s refusal for `reason`, recorded by its bulkhead (found again:
@@ -744,6 +730,21 @@ impl Drop for WaitingForCeiling<'_> {
 }
 
 impl KeyedPermit {
+    fn alone(key: Permit) -> Self {
+        Self { key, ceiling: None }
+    }
+
+    /// Counted among the key's slots held with a slot of the ceiling, by
+    /// which a caller of the key coming to the ceiling's line finds whether
+    /// its key is below its guaranteed share.
+    fn with_ceiling(key: Permit, ceiling: Permit) -> Self {
+        key.count_with_ceiling(true);
+        Self {
+            key,
+            ceiling: Some(ceiling),
+        }
+    }
+
     /// The key's slot.
     pub fn key_permit(&self) -> &Permit {
         &self.key
@@ -752,6 +753,14 @@ impl KeyedPermit {
     /// The ceiling's slot, if the keyed bulkhead has a ceiling.
     pub fn ceiling_permit(&self) -> Option<&Permit> {
         self.ceiling.as_ref()
+    }
+}
+
+impl Drop for KeyedPermit {
+    fn drop(&mut self) {
+        if self.ceiling.is_some() {
+            self.key.count_with_ceiling(false);
+        }
     }
 }
 

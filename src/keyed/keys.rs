@@ -109,12 +109,16 @@ impl KeyLine {
     }
 
     /// How many of the ceiling's slots the key of `bulkhead` holds: its
-    /// slots held, less its callers still waiting for the ceiling's. (A
-    /// hint: a leaked permit counts until its slot is reclaimed.)
+    /// permits that hold one. Not its slots held less its callers waiting
+    /// for the ceiling's: a caller handed its key's slot, on its way to the
+    /// ceiling's line, would count as holding one. (A hint: a leaked permit
+    /// counts until its slot is reclaimed, as its key's slots held bound
+    /// the count.)
     pub(crate) fn ceiling_held(&self, bulkhead: &Bulkhead) -> usize {
-        bulkhead
+        let held = bulkhead
             .in_flight()
-            .saturating_sub(self.waiting_for_ceiling.load(Ordering::Relaxed))
+            .saturating_sub(self.waiting_for_ceiling.load(Ordering::Relaxed));
+        bulkhead.held_with_ceiling().min(held)
     }
 }
 

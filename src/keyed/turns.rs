@@ -6,13 +6,16 @@
 //! rounded so that `n` calls cost `64 n / w` to the unit), or the *virtual
 //! time* (the tag of the last caller served), whichever is later. A caller
 //! that leaves unserved (its wait ran out, or it was dropped) gives its
-//! place to its key's last caller in turn behind it, if there is one, and
-//! the place that frees at the end of the key's turns is given back: so
-//! callers who gave up push neither their key's callers still in line nor
-//! its next caller back. The line serves the lowest tag first. So a key
-//! with a thousand callers waiting and a key with one alternate; a key of
-//! weight 2 gets two turns to one; and a key that arrives late starts at
-//! the virtual time,
+//! place to the last of its key's callers whose tags follow on from its own
+//! (its *run*), if there is one, and the place that frees at the end of the
+//! key's turns is given back: so callers who gave up push neither their
+//! key's callers still in line nor its next caller back. (A caller that
+//! took its tag from the virtual time begins a run of its own: moved ahead
+//! to an earlier run's place, it would go before callers of other keys that
+//! came before it.) The line serves the lowest tag first. So a key with a
+//! thousand callers waiting and a key with one alternate; a key of weight 2
+//! gets two turns to one; and a key that arrives late starts at the virtual
+//! time,
 //! neither ahead of the keys that waited (as a tag of 0 would put it) nor
 //! behind the backlog of a busy key. (Ordering by each key's count of its
 //! own callers in line would not do: a key that keeps one caller waiting
@@ -21,6 +24,14 @@
 //! A caller of a key below its guaranteed share takes no turn: it goes to
 //! the head of the line, and what its key was promised costs the key none of
 //! its turns at what it borrows.
+//!
+//! At one tag, callers of different keys go in the order they came to the
+//! ceiling's line, and a caller moved keeps its own: at a tie, a caller
+//! moved into the place of one that gave up may go after a caller of
+//! another key that came after the one that gave up. (Keeping every
+//! caller's order as if the one that gave up had never come would move each
+//! caller of its run up one place, for every caller that gives up; callers
+//! give up in crowds.)
 //!
 //! A caller's place in the ceiling's line is its tag, 64 bits (at 64 units
 //! a turn, more turns than any line will see), past every `i32` priority
@@ -32,7 +43,8 @@
 use crate::bulkhead::Bulkhead;
 use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering};
 use crate::wait::MovablePlace;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
 
 /// What a call costs its key's turn at weight 1; at weight `w`, `COST / w`
 /// on average.
@@ -57,10 +69,21 @@ pub(crate) fn weight(weight: usize) -> u64 {
 pub(crate) struct KeyTurn {
     next_tag: AtomicU64,
     carry: AtomicU64,
-    /// Its callers in line taking turns (not those below its share), by
-    /// tag: the last of them takes the place of one that leaves unserved.
+    /// Its callers in line taking turns (not those below its share).
     /// Touched only under the turns' lock.
-    in_turn: Mutex<BTreeMap<(u64, u64), Arc<InTurn>>>,
+    in_turn: Mutex<InTurns>,
+}
+
+/// A key's callers in line taking turns, by tag (and rank, their order of
+/// coming), in runs: each caller's tag follows on from the one before it in
+/// its run (its tag plus its cost); a caller that took its tag from the
+/// virtual time, past its key's last, begins a run. The last caller of a
+/// run takes the place of one of its run that leaves unserved.
+#[derive(Debug, Default)]
+struct InTurns {
+    callers: BTreeMap<(u64, u64), Arc<InTurn>>,
+    /// The tag and rank of each caller that begins a run, but the first.
+    run_starts: BTreeSet<(u64, u64)>,
 }
 
 /// A caller taking turns, shared with its key's `in_turn`: its tag may
@@ -145,7 +168,8 @@ impl Turns {
         }
         let mut state = lock(&self.state);
         // Relaxed: written only under the lock.
-        let tag = key.next_tag.load(Ordering::Relaxed).max(state.served);
+        let next_tag = key.next_tag.load(Ordering::Relaxed);
+        let tag = next_tag.max(state.served);
         let carry_before = key.carry.load(Ordering::Relaxed);
         let owed = COST + carry_before;
         let cost = owed / weight;
@@ -161,7 +185,11 @@ impl Turns {
         });
         let rank = state.next_rank;
         state.next_rank += 1;
-        lock(&key.in_turn).insert((tag, rank), in_turn.clone());
+        let mut in_turns = lock(&key.in_turn);
+        if tag > next_tag {
+            in_turns.run_starts.insert((tag, rank));
+        }
+        in_turns.callers.insert((tag, rank), in_turn.clone());
         Turn {
             place,
             in_turn: Some((in_turn, rank)),
@@ -169,18 +197,22 @@ impl Turns {
     }
 
     /// `turn`'s caller, of `key`, left the line of `ceiling`: `served`, or
-    /// gone (shed, or dropped). A caller gone leaves its place to its key's
-    /// last caller in turn behind it, moved there in the ceiling's line, and
-    /// the place that frees, the last of the key's, is given back.
+    /// gone (shed, or dropped). A caller gone leaves its place to the last
+    /// caller of its run, moved there in the ceiling's line, and the place
+    /// that frees, the last of the run, is given back if it was its key's
+    /// last. (Not to its key's last caller: one that took its tag from the
+    /// virtual time, in a later run, would go ahead of callers of other keys
+    /// that came before it.)
     pub(crate) fn leave(&self, key: &KeyTurn, turn: &Turn, served: bool, ceiling: &Bulkhead) {
         let Some((caller, rank)) = &turn.in_turn else {
             return; // below its key's share: it took no turn
         };
         let mut state = lock(&self.state);
-        let mut in_turn = lock(&key.in_turn);
+        let mut in_turns = lock(&key.in_turn);
         // Relaxed: written only under the lock.
         let tag = caller.tag.load(Ordering::Relaxed);
-        in_turn.remove(&(tag, *rank));
+        in_turns.callers.remove(&(tag, *rank));
+        let began_run = in_turns.run_starts.remove(&(tag, *rank));
         if served {
             state.served = state.served.max(tag);
             return;
@@ -194,38 +226,39 @@ impl Turns {
         };
         // The place that frees, with its cost and the carry before it.
         let (mut freed, (mut freed_cost, mut carry_before)) = (tag, figures(caller));
-        // Handed on only along the key's chain: if the key's next caller in
-        // line took its tag from the virtual time (it came after the key's
-        // turns had fallen behind it, as a caller that came while a slot
-        // was being handed on can), not from this caller's place, its
-        // callers would go ahead of others that came before them.
-        let chained = in_turn
+        // The last of its run: behind it, before the next run's start.
+        let run_end = in_turns
+            .run_starts
             .range((tag, 0)..)
             .next()
-            .is_some_and(|(&(next, _), _)| next == tag.saturating_add(freed_cost));
-        let last = in_turn
-            .last_entry()
-            .filter(|last| chained && last.key().0 > tag);
-        if let Some(last) = last {
-            let ((last_tag, rank), last) = last.remove_entry();
+            .map_or(Bound::Unbounded, |&(start, _)| Bound::Excluded((start, 0)));
+        let last = in_turns
+            .callers
+            .range((Bound::Included((tag, 0)), run_end))
+            .next_back()
+            .map(|(&at, _)| at);
+        if let Some(at) = last {
+            let last = in_turns.callers.remove(&at).expect("found above");
             let (cost, carry) = figures(caller);
-            (freed, (freed_cost, carry_before)) = (last_tag, figures(&last));
+            (freed, (freed_cost, carry_before)) = (at.0, figures(&last));
             last.tag.store(tag, Ordering::Relaxed);
             last.cost.store(cost, Ordering::Relaxed);
             last.carry_before.store(carry, Ordering::Relaxed);
             // Under the turns' lock, then the line's: nothing takes them the
             // other way round.
             ceiling.move_in_line(&last.movable, place_in_turn(tag));
-            in_turn.insert((tag, rank), last);
+            if began_run {
+                in_turns.run_starts.insert((tag, at.1));
+            }
+            in_turns.callers.insert((tag, at.1), last);
         }
         // If the place that freed was its key's last, the key's next caller
-        // starts there (or at the virtual time, if that is later), with the
-        // carry found there; never later than it would have.
+        // starts there (or at the virtual time, if that is later, beginning
+        // a run), with the carry found there.
         let next_tag = key.next_tag.load(Ordering::Relaxed);
         if freed.saturating_add(freed_cost) == next_tag {
             key.carry.store(carry_before, Ordering::Relaxed);
-            key.next_tag
-                .store(freed.max(state.served).min(next_tag), Ordering::Relaxed);
+            key.next_tag.store(freed, Ordering::Relaxed);
         }
     }
 }
