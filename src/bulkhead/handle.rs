@@ -583,7 +583,7 @@ impl Bulkhead {
 
     /// How many of its slots are held by calls that hold a slot of a keyed
     /// bulkhead's ceiling too (see [`Permit::count_with_ceiling`]). A
-    /// leaked permit counts for good.
+    /// leaked permit counts for good (see `KeyLine::ceiling_held`).
     pub(crate) fn held_with_ceiling(&self) -> usize {
         // Relaxed: a hint, see `count_with_ceiling`.
         self.shared.held_with_ceiling.load(Ordering::Relaxed)

@@ -95,7 +95,9 @@ impl<K> KeyedConfig<K> {
     /// How many of the ceiling's slots each key is promised. A caller that
     /// comes to the ceiling's line while its key holds fewer than its share
     /// (its calls holding a slot of the ceiling, and its callers already in
-    /// line; not its callers on their way there with its key's slot) gets
+    /// line; not its callers on their way there with its key's slot, though
+    /// a permit of its that was leaked counts among its calls while they
+    /// are) gets
     /// the next slot freed, before every caller of a key that did not
     /// (nothing running is preempted). Whether a key is below its share is judged as its
     /// caller comes to the line: a caller that came while its key was at

@@ -112,8 +112,9 @@ impl KeyLine {
     /// permits that hold one. Not its slots held less its callers waiting
     /// for the ceiling's: a caller handed its key's slot, on its way to the
     /// ceiling's line, would count as holding one. (A hint: a leaked permit
-    /// counts until its slot is reclaimed, as its key's slots held bound
-    /// the count.)
+    /// is counted for good, bounded by the key's slots held less its callers
+    /// in line: once its slot is reclaimed it counts no more, but while
+    /// callers of its key are on their way to the line.)
     pub(crate) fn ceiling_held(&self, bulkhead: &Bulkhead) -> usize {
         let held = bulkhead
             .in_flight()

@@ -9,8 +9,9 @@
 //! place to the last of its key's callers whose tags follow on from its own
 //! (its *run*), if there is one, and the place that frees at the end of the
 //! key's turns is given back: so callers who gave up push neither their
-//! key's callers still in line nor its next caller back. (A caller that
-//! took its tag from the virtual time begins a run of its own: moved ahead
+//! key's callers still in line nor its next caller back. (A caller whose
+//! tag does not follow on from its key's last caller in line, as one that
+//! took its tag from the virtual time, begins a run of its own: moved ahead
 //! to an earlier run's place, it would go before callers of other keys that
 //! came before it.) The line serves the lowest tag first. So a key with a
 //! thousand callers waiting and a key with one alternate; a key of weight 2
@@ -76,13 +77,15 @@ pub(crate) struct KeyTurn {
 
 /// A key's callers in line taking turns, by tag (and rank, their order of
 /// coming), in runs: each caller's tag follows on from the one before it in
-/// its run (its tag plus its cost); a caller that took its tag from the
-/// virtual time, past its key's last, begins a run. The last caller of a
-/// run takes the place of one of its run that leaves unserved.
+/// its run (its tag plus its cost); a caller whose tag does not follow on
+/// from its key's last caller in line (it took its tag from the virtual
+/// time, or the caller before it was served or gave up) begins a run. The
+/// last caller of a run takes the place of one of its run that leaves
+/// unserved.
 #[derive(Debug, Default)]
 struct InTurns {
     callers: BTreeMap<(u64, u64), Arc<InTurn>>,
-    /// The tag and rank of each caller that begins a run, but the first.
+    /// The tag and rank of the first caller in line of each run.
     run_starts: BTreeSet<(u64, u64)>,
 }
 
@@ -168,8 +171,7 @@ impl Turns {
         }
         let mut state = lock(&self.state);
         // Relaxed: written only under the lock.
-        let next_tag = key.next_tag.load(Ordering::Relaxed);
-        let tag = next_tag.max(state.served);
+        let tag = key.next_tag.load(Ordering::Relaxed).max(state.served);
         let carry_before = key.carry.load(Ordering::Relaxed);
         let owed = COST + carry_before;
         let cost = owed / weight;
@@ -186,7 +188,16 @@ impl Turns {
         let rank = state.next_rank;
         state.next_rank += 1;
         let mut in_turns = lock(&key.in_turn);
-        if tag > next_tag {
+        // A run begins where the tag does not follow on from its key's last
+        // caller in line (it came from the virtual time, or its key's last
+        // run was served or given back).
+        let follows_on = in_turns
+            .callers
+            .last_key_value()
+            .is_some_and(|(&(last, _), caller)| {
+                last.saturating_add(caller.cost.load(Ordering::Relaxed)) == tag
+            });
+        if !follows_on {
             in_turns.run_starts.insert((tag, rank));
         }
         in_turns.callers.insert((tag, rank), in_turn.clone());
@@ -213,7 +224,20 @@ impl Turns {
         let tag = caller.tag.load(Ordering::Relaxed);
         in_turns.callers.remove(&(tag, *rank));
         let began_run = in_turns.run_starts.remove(&(tag, *rank));
+        // The end of its run: the next run's start, if there is one.
+        let run_end = in_turns
+            .run_starts
+            .range((tag, 0)..)
+            .next()
+            .map_or(Bound::Unbounded, |&(start, _)| Bound::Excluded((start, 0)));
+        let run_behind = (Bound::Included((tag, 0)), run_end);
         if served {
+            // Its run goes on from the next of it still in line.
+            if began_run {
+                if let Some((&next, _)) = in_turns.callers.range(run_behind).next() {
+                    in_turns.run_starts.insert(next);
+                }
+            }
             state.served = state.served.max(tag);
             return;
         }
@@ -227,14 +251,9 @@ impl Turns {
         // The place that frees, with its cost and the carry before it.
         let (mut freed, (mut freed_cost, mut carry_before)) = (tag, figures(caller));
         // The last of its run: behind it, before the next run's start.
-        let run_end = in_turns
-            .run_starts
-            .range((tag, 0)..)
-            .next()
-            .map_or(Bound::Unbounded, |&(start, _)| Bound::Excluded((start, 0)));
         let last = in_turns
             .callers
-            .range((Bound::Included((tag, 0)), run_end))
+            .range(run_behind)
             .next_back()
             .map(|(&at, _)| at);
         if let Some(at) = last {
@@ -414,6 +433,60 @@ mod tests {
         let from_the_virtual_time = turns.enter(&late, 1, false);
         turns.leave(&late, &behind, false, &ceiling);
         assert_eq!(tag_now(&from_the_virtual_time), 128);
+    }
+
+    /// Serves callers of a key of its own until the virtual time is `to`.
+    fn serve_until(turns: &Turns, to: u64) {
+        let other = KeyTurn::default();
+        for _ in 0..=to / COST {
+            let turn = turns.enter(&other, 1, false);
+            turns.leave(&other, &turn, true, &ceiling());
+        }
+    }
+
+    /// A run given back whole (its one caller gave up) leaves its key's
+    /// next caller, from the virtual time, a run of its own: were it taken
+    /// for a part of the key's earlier run, a caller of that run who gives
+    /// up would move it ahead of callers of other keys that came before it.
+    #[test]
+    fn a_caller_after_a_run_given_back_whole_begins_a_run() {
+        let (turns, ceiling) = (Turns::default(), ceiling());
+        let (key, late) = (KeyTurn::default(), KeyTurn::default());
+        let x = turns.enter(&key, 1, false);
+        serve_until(&turns, 192);
+        let z = turns.enter(&key, 1, false);
+        assert_eq!(tag_now(&z), 192, "from the virtual time");
+        turns.leave(&key, &z, false, &ceiling);
+        let w = turns.enter(&late, 1, false);
+        let z2 = turns.enter(&key, 1, false);
+        assert_eq!((tag_now(&w), tag_now(&z2)), (192, 192));
+        turns.leave(&key, &x, false, &ceiling);
+        assert_eq!(
+            tag_now(&z2),
+            192,
+            "moved into the place of x, of another run"
+        );
+        assert!(w.place <= z2.place);
+    }
+
+    /// A run whose first caller in line was served (out of turn: a busy
+    /// runtime takes up slots late) goes on from its next caller: not joined
+    /// to the key's earlier run.
+    #[test]
+    fn a_run_whose_first_caller_was_served_goes_on_from_its_next() {
+        let (turns, ceiling) = (Turns::default(), ceiling());
+        let key = KeyTurn::default();
+        let a = turns.enter(&key, 1, false);
+        serve_until(&turns, 192);
+        let (x, y) = (turns.enter(&key, 1, false), turns.enter(&key, 1, false));
+        assert_eq!((tag_now(&x), tag_now(&y)), (192, 256));
+        turns.leave(&key, &x, true, &ceiling);
+        turns.leave(&key, &a, false, &ceiling);
+        assert_eq!(
+            tag_now(&y),
+            256,
+            "moved into the place of a, of another run"
+        );
     }
 
     #[test]
