@@ -387,43 +387,6 @@ fn a_key_whose_permit_was_leaked_is_evicted_once_its_slot_is_reclaimable_not_bef
     assert_eq!(keyed.status(0).evicted, 1);
 }
 
-/// A caller waiting for its key's slot whose future was leaked keeps its
-/// key's line for good, and is handed the key's next slot: the key is
-/// evicted once a slot handed to it by its deadline could be reclaimed
-/// (its wait, then `reclaim_after`), not before.
-#[tokio::test]
-async fn a_key_whose_waiting_caller_was_leaked_is_evicted_once_a_slot_handed_to_it_is_reclaimable()
-{
-    let clock = ManualClock::new();
-    let (wait, reclaim_after) = (Duration::from_secs(1), Duration::from_secs(10));
-    let keyed = KeyedBulkhead::new(
-        KeyedConfig::new(
-            Config::new(1, reclaim_after)
-                .wait(wait)
-                .clock(clock.clone()),
-        )
-        .max_keys(1),
-    );
-    let permit = keyed.try_acquire(&"leaky").unwrap();
-    let mut waiter = tokio_test::task::spawn(keyed.acquire(&"leaky"));
-    assert!(
-        waiter.poll().is_pending(),
-        "the caller waits for the key's slot"
-    );
-    std::mem::forget(waiter);
-    // Its slot goes to the leaked caller.
-    drop(permit);
-    assert_eq!(reason(keyed.try_acquire(&"new")), ShedReason::TooManyKeys);
-    clock.advance(wait + reclaim_after - Duration::from_micros(1));
-    assert_eq!(reason(keyed.try_acquire(&"new")), ShedReason::TooManyKeys);
-    clock.advance(Duration::from_micros(1));
-    assert!(
-        keyed.try_acquire(&"new").is_ok(),
-        "the leaked caller pins its key for good"
-    );
-    assert_eq!(keyed.status(0).evicted, 1);
-}
-
 /// The layer tries for a slot before it waits; that try is no shed: the
 /// bulkheads record only what came of the call.
 #[tokio::test(start_paused = true)]

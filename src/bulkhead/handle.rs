@@ -565,16 +565,6 @@ impl Bulkhead {
         self.shared.saturated_at(reason, self.shared.clock.now())
     }
 
-    /// The tick by which a caller that starts to wait for a slot now has
-    /// been handed one, if it ever is: now, plus its `wait` budget rounded
-    /// up (its deadline; a slot handed to it is dated no later).
-    pub(crate) fn wait_ends(&self) -> u64 {
-        let now = self.shared.clock.now();
-        let wait = self.shared.config.wait.unwrap_or_default();
-        // `wait` is shorter than `reclaim_after`, whose hold was datable.
-        now.saturating_add(self.shared.clock.hold(wait).unwrap_or(u64::MAX))
-    }
-
     /// Whether every slot taken at or before `tick` (on this bulkhead's
     /// clock) would be reclaimed by a claim now: its deadline has come.
     pub(crate) fn reclaimable_since(&self, tick: u64) -> bool {

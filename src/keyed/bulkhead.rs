@@ -4,7 +4,7 @@
 use crate::bulkhead::{Acquire, Bulkhead, Granted, Permit};
 use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
-use crate::keyed::keys::{Entry, KeyLine, Keys, LabelOf, LimitOf};
+use crate::keyed::keys::{KeyLine, Keys, LabelOf, LimitOf};
 use crate::keyed::shards::shard_count;
 use crate::keyed::turns::{Turn, Turns};
 use crate::keyed::KeyedStatus;
@@ -162,10 +162,7 @@ impl<K> KeyedConfig<K> {
     /// take about 8 MiB). A key with nothing in flight and nobody waiting
     /// is evicted to make room for a new one (roughly the least recently
     /// used first); a key with slots held never is, until they could be
-    /// reclaimed, nor one with a caller waiting, until a slot handed to it
-    /// by the end of its wait could be (a caller whose future was leaked
-    /// waits for good; one not polled for that long is taken for gone, as a
-    /// holder slower than `reclaim_after` is). With `max_keys` keys held and none of them idle, a call
+    /// reclaimed. With `max_keys` keys held and none of them idle, a call
     /// with a new key is shed with [`ShedReason::TooManyKeys`]. A new key
     /// looks at no more than 128 keys for one to evict, no key twice (from
     /// where the last one stopped; a caller that raced others to make the
@@ -472,7 +469,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
                 let (bulkhead, line) = self
                     .inner
                     .keys
-                    .find(key, Entry::wait_for_slot)
+                    .find(key, |entry| (entry.bulkhead.clone(), entry.line.clone()))
                     .ok_or_else(|| self.too_many_keys())?;
                 // Granted, not yet admitted: the key counts the call once
                 // the ceiling's slot is held too.

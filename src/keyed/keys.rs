@@ -76,11 +76,6 @@ pub(crate) struct KeyLine {
     pub(crate) weight: u64,
     /// When its latest slot was taken by a caller that waited.
     last_taken: AtomicU64,
-    /// The latest tick by which a caller that took this line's `Arc` to
-    /// wait was handed its key's slot, if it was: a caller whose future was
-    /// leaked keeps the `Arc` for good, and its key is idle once that slot
-    /// could be reclaimed.
-    waits_end: AtomicU64,
 }
 
 impl Entry {
@@ -93,14 +88,6 @@ impl Entry {
         if !self.used.load(Ordering::Relaxed) {
             self.used.store(true, Ordering::Relaxed);
         }
-    }
-
-    /// What a caller that waits for a slot of this key holds: its bulkhead,
-    /// and its line's `Arc`, which keeps the key from eviction while the
-    /// caller may be handed a slot (noted: see [`KeyLine::waits_until`]).
-    pub(crate) fn wait_for_slot(&self) -> (Bulkhead, Arc<KeyLine>) {
-        self.line.waits_until(self.bulkhead.wait_ends());
-        (self.bulkhead.clone(), self.line.clone())
     }
 
     /// A slot of this key's, not yet counted as admitted (see
@@ -119,14 +106,6 @@ impl KeyLine {
     /// caller that holds this line's `Arc`.
     pub(crate) fn taken_at(&self, at: u64) {
         note_taken(&self.last_taken, at);
-    }
-
-    /// Notes, under the map's lock, that a caller takes this line's `Arc`
-    /// to wait for its key's slot until tick `until` (see
-    /// [`Bulkhead::wait_ends`]). (A caller that holds its key's slot as it
-    /// takes the `Arc`, to wait for the ceiling's, is dated by its slot.)
-    fn waits_until(&self, until: u64) {
-        note_taken(&self.waits_end, until);
     }
 
     /// How many of the ceiling's slots the key of `bulkhead` holds: its
@@ -505,7 +484,6 @@ impl<K: Hash + Eq + Clone> Keys<K> {
                         .map_or(1, |weight_of| weight_of(key)),
                 ),
                 last_taken: AtomicU64::new(0),
-                waits_end: AtomicU64::new(0),
             }),
         }
     }
@@ -630,33 +608,22 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     /// Whether nobody holds or is taking a slot of `entry` (under the map's
     /// write lock: nobody can start to), but for permits that were leaked.
     fn is_idle(entry: &Entry) -> bool {
-        let mut waiting_until = 0;
-        // A caller waits for a slot of it (holding its line's `Arc`), or
-        // did, and its future was leaked: once a slot handed to it by its
-        // deadline could be reclaimed, its wait for the ceiling (shorter
-        // than `reclaim_after`) is over too, and it holds nothing a claim
-        // would not reclaim.
+        // No caller waits for a slot of it (holding its line's `Arc`), and
+        // no permit shares its bulkhead.
         if Arc::strong_count(&entry.line) > 1 {
-            // Relaxed: written under the map's read lock.
-            let waits_end = entry.line.waits_end.load(Ordering::Relaxed);
-            if !entry.bulkhead.reclaimable_since(waits_end) {
-                return false;
-            }
-            waiting_until = waits_end;
+            return false;
         }
         // Whatever the last caller to hold the line wrote (when it took its
-        // slot) happens before this: that `Arc`'s drop released it. Read
-        // after the count, never before.
+        // slot) happens before this: that `Arc`'s drop released it.
         fence(Ordering::Acquire);
-        let last_taken = entry
-            .last_taken
-            .load(Ordering::Relaxed)
-            .max(entry.line.last_taken.load(Ordering::Relaxed))
-            .max(waiting_until);
         // A permit shares it: if its latest slot was taken `reclaim_after`
         // ago, every slot held is past its deadline, held by a permit that
         // was leaked (or that outlived its hold), and would be reclaimed by
         // the next call.
+        let last_taken = entry
+            .last_taken
+            .load(Ordering::Relaxed)
+            .max(entry.line.last_taken.load(Ordering::Relaxed));
         entry.bulkhead.is_unshared() || entry.bulkhead.reclaimable_since(last_taken)
     }
 

@@ -39,7 +39,7 @@ fn loom_a_slot_taken_by_a_waiting_caller_keeps_its_key() {
         // looks reclaimable.
         clock.advance(Duration::from_secs(1));
         let (bulkhead, line) = keys
-            .find(&1, |entry| entry.wait_for_slot())
+            .find(&1, |entry| (entry.bulkhead.clone(), entry.line.clone()))
             .expect("room for the first key");
         let waiter = thread::spawn(move || {
             // As a caller granted the key's slot after waiting for it: the

@@ -14,8 +14,7 @@
 //!   held. A new key evicts one with nothing in flight and nobody waiting
 //!   (roughly the least recently used); a key with slots held is never
 //!   evicted (a slot held by a leaked permit counts until it could be
-//!   reclaimed, and a caller whose waiting future was leaked until a slot
-//!   handed to it could be); with none idle, the new key's call is shed with
+//!   reclaimed); with none idle, the new key's call is shed with
 //!   [`ShedReason::TooManyKeys`](crate::ShedReason::TooManyKeys), and
 //!   nothing is allocated for it. A new key looks at no more than 128 keys
 //!   for one to evict, no key twice, from where the last new key stopped
