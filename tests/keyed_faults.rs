@@ -6,8 +6,9 @@
 //! twice (also for a call the ceiling shed after it waited), a status call
 //! or a panicking `Hash` pinning keys, a leaked
 //! permit's gauge outliving its key, sheds for too many keys counted
-//! nowhere, and a key's share of the ceiling misjudged while a caller of
-//! it was on its way to the ceiling's line.
+//! nowhere, a key's share of the ceiling misjudged while a caller of it
+//! was on its way to the ceiling's line, and a key evicted while its caller
+//! waited for the ceiling with the key's slot.
 #![cfg(all(feature = "metrics", feature = "axum"))]
 
 use std::hash::{Hash, Hasher};
@@ -1269,5 +1270,164 @@ mod by_hand {
             ["g3"],
             "\"g\" held none of its share of 1 when g3 came (g4 handed its key's slot, not yet at the ceiling's line), yet g3 took its turn"
         );
+    }
+
+    /// "o" has o0, o1, o2 in line (tags 0, 64, 128); then "k"'s a (0) and b
+    /// (64), if `with_a`, else b alone (0). The slots freed go to the line's
+    /// head: o0, a, o1, b (with a) or o0, b, o1 (without). All but a take them
+    /// up (a's task is not polled yet). "k"'s c comes (with a: 128, from its
+    /// key's chain; without: 64). a gives up (dropped: its slot goes on), or,
+    /// without a, one more slot is freed: who gets that slot, c or o2?
+    async fn who_gets_the_next_slot(with_a: bool) -> Vec<&'static str> {
+        let keyed = KeyedBulkhead::new(
+            KeyedConfig::new(Config::new(8, LONG).wait(WAIT))
+                .ceiling(Config::new(8, LONG).wait(WAIT)),
+        );
+        let mut holder: Vec<KeyedPermit> = (0..8)
+            .map(|_| keyed.try_acquire(&"holder").unwrap())
+            .collect();
+        let mut o0 = come(&keyed, "o", "o0");
+        let mut o1 = come(&keyed, "o", "o1");
+        let mut o2 = come(&keyed, "o", "o2");
+        let a = with_a.then(|| come(&keyed, "k", "a"));
+        let mut b = come(&keyed, "k", "b");
+        let freed = if with_a { 4 } else { 3 };
+        holder.truncate(holder.len() - freed);
+        let mut permits = vec![
+            o0.served().expect("o0 handed a slot"),
+            o1.served().expect("o1 handed a slot"),
+            b.served().expect("b handed a slot"),
+        ];
+        let mut c = come(&keyed, "k", "c");
+        match a {
+            Some(a) => drop(a), // gives up: its slot goes on
+            None => drop(holder.pop()),
+        }
+        served_now(&mut [&mut c, &mut o2], &mut permits)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_that_gave_up_after_a_key_mate_was_served_hands_its_place_to_its_next_caller()
+    {
+        let without_a = who_gets_the_next_slot(false).await;
+        assert_eq!(
+            without_a,
+            ["c"],
+            "control: a never came, c (64) goes before o2 (128)"
+        );
+        let with_a = who_gets_the_next_slot(true).await;
+        assert_eq!(
+            with_a, without_a,
+            "a gave up: c (tag 128, from k's chain) was not handed a's place 0 (b, before \
+             it, had been served), and went behind o2"
+        );
+    }
+
+    const RECLAIM: Duration = Duration::from_secs(10);
+    const KEY_WAIT: Duration = Duration::from_secs(1);
+    /// Shorter than `RECLAIM`: construction accepts it.
+    const CEILING_WAIT: Duration = Duration::from_secs(9);
+
+    /// Key a (limit 1): a holder; w waits for a's slot (deadline 1 s on the
+    /// key's clock). The key's slot is handed to w at 2.5 s (its task ran
+    /// late: the key's clock is past its deadline, its tokio timer not yet
+    /// fired), and w goes to wait for the full ceiling (up to 9 s). At 11.1 s,
+    /// 8.6 s into w's ceiling wait, its key's slot (dated 2.5 s) is 1.4 s from
+    /// its deadline: key a must not be evicted for a new key, and once the
+    /// ceiling frees, no second call of a may be admitted beside w's.
+    #[tokio::test(start_paused = true)]
+    async fn a_key_is_not_evicted_while_its_caller_handed_a_slot_after_its_deadline_waits_for_the_ceiling(
+    ) {
+        let clock = ManualClock::new();
+        let keyed = KeyedBulkhead::new(
+            KeyedConfig::new(Config::new(1, RECLAIM).wait(KEY_WAIT).clock(clock.clone()))
+                .ceiling(Config::new(2, LONG).wait(CEILING_WAIT).clock(clock.clone()))
+                .max_keys(1),
+        );
+        let ceiling = keyed.ceiling().unwrap().clone();
+        let holder = keyed.try_acquire(&"a").unwrap();
+        let other = ceiling.try_acquire().unwrap();
+        let mut w = come(&keyed, "a", "w");
+        clock.advance(Duration::from_millis(2_500));
+        drop(holder); // a's slot handed to w, at 2.5 s; the ceiling's comes free
+        let refill = ceiling.try_acquire().unwrap();
+        assert!(
+            w.served().is_none(),
+            "w waits for the ceiling, holding a's slot"
+        );
+        assert_eq!(ceiling.waiting(), 1);
+        clock.advance(Duration::from_millis(8_600));
+        // A new key: a is busy (w holds a slot taken 8.6 s ago, live for 1.4 s
+        // more, and has 0.4 s of its ceiling wait left).
+        let mut newcomer = spawn(Box::pin({
+            let keyed = keyed.clone();
+            async move { keyed.acquire(&"b").await }
+        }) as Acquiring);
+        let newcomer_outcome = newcomer.poll();
+        let evicted = keyed.status(0).evicted;
+        drop(newcomer);
+        // The ceiling frees: w is admitted.
+        drop(other);
+        let w_permit = w.served().expect("w is admitted");
+        drop(refill);
+        let second = keyed.try_acquire(&"a");
+        assert!(
+            evicted == 0 && second.is_err(),
+            "key a was evicted (evicted {evicted}, newcomer {:?}) while w waited for the ceiling \
+             with a's slot; then a second call of a (limit 1) was admitted beside w's: {:?}",
+            match newcomer_outcome {
+                Poll::Ready(Err(e)) => format!("shed {:?}", e.reason()),
+                Poll::Ready(Ok(_)) => "admitted".into(),
+                Poll::Pending => "let in, waiting".into(),
+            },
+            second.as_ref().map(drop).map_err(|e| e.reason()),
+        );
+        drop(w_permit);
+    }
+
+    /// The same with no late hand-over: the caller got its key's slot at
+    /// once, and its ceiling wait outlasts the key's `reclaim_after` on the
+    /// key's clock (its task runs late: a busy runtime, as in keyed_late.rs,
+    /// where a grant that lapsed while its caller waited for the ceiling is
+    /// renewed and its key must not be evicted while the call is in flight).
+    /// The line's `Arc` the caller holds keeps the key.
+    #[tokio::test(start_paused = true)]
+    async fn a_key_whose_caller_waits_for_the_ceiling_on_a_lapsed_grant_is_not_evicted() {
+        let clock = ManualClock::new();
+        let keyed = KeyedBulkhead::new(
+            KeyedConfig::new(Config::new(1, RECLAIM).clock(clock.clone()))
+                .ceiling(Config::new(2, LONG).wait(CEILING_WAIT))
+                .max_keys(1),
+        );
+        let ceiling = keyed.ceiling().unwrap().clone();
+        let (c1, c2) = (
+            ceiling.try_acquire().unwrap(),
+            ceiling.try_acquire().unwrap(),
+        );
+        let mut w = come(&keyed, "a", "w");
+        clock.advance(RECLAIM * 2);
+        let mut newcomer = spawn(Box::pin({
+            let keyed = keyed.clone();
+            async move { keyed.acquire(&"b").await }
+        }) as Acquiring);
+        let shed_as_too_many = matches!(
+            newcomer.poll(),
+            Poll::Ready(Err(ref e)) if e.reason() == ShedReason::TooManyKeys
+        );
+        let evicted = keyed.status(0).evicted;
+        drop(newcomer);
+        drop(c1);
+        let w_permit = w
+            .served()
+            .expect("w is admitted on a fresh slot of its key's");
+        drop(c2);
+        let second = keyed.try_acquire(&"a");
+        assert!(
+            evicted == 0 && shed_as_too_many && second.is_err(),
+            "key a was evicted (evicted {evicted}) while w waited for the ceiling; then a second \
+             call of a (limit 1) was admitted beside w's: {:?}",
+            second.as_ref().map(drop).map_err(|e| e.reason()),
+        );
+        drop(w_permit);
     }
 }

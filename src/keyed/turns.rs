@@ -9,9 +9,8 @@
 //! place to the last of its key's callers whose tags follow on from its own
 //! (its *run*), if there is one, and the place that frees at the end of the
 //! key's turns is given back: so callers who gave up push neither their
-//! key's callers still in line nor its next caller back. (A caller whose
-//! tag does not follow on from its key's last caller in line, as one that
-//! took its tag from the virtual time, begins a run of its own: moved ahead
+//! key's callers still in line nor its next caller back. (A caller that
+//! took its tag from the virtual time begins a run of its own: moved ahead
 //! to an earlier run's place, it would go before callers of other keys that
 //! came before it.) The line serves the lowest tag first. So a key with a
 //! thousand callers waiting and a key with one alternate; a key of weight 2
@@ -76,17 +75,20 @@ pub(crate) struct KeyTurn {
 }
 
 /// A key's callers in line taking turns, by tag (and rank, their order of
-/// coming), in runs: each caller's tag follows on from the one before it in
-/// its run (its tag plus its cost); a caller whose tag does not follow on
-/// from its key's last caller in line (it took its tag from the virtual
-/// time, or the caller before it was served or gave up) begins a run. The
-/// last caller of a run takes the place of one of its run that leaves
-/// unserved.
+/// coming), in runs: a caller whose tag came from its key's chain (its
+/// key's last tag plus its cost) goes on its key's run; one whose tag came
+/// from the virtual time begins a run, and so does one that comes to a
+/// place given back by a caller that began a run. The last caller of a run
+/// takes the place of one of its run that leaves unserved.
 #[derive(Debug, Default)]
 struct InTurns {
     callers: BTreeMap<(u64, u64), Arc<InTurn>>,
-    /// The tag and rank of the first caller in line of each run.
+    /// The tag and rank of the first caller in line of each run (the
+    /// first caller of a run served, its next goes on from there).
     run_starts: BTreeSet<(u64, u64)>,
+    /// The key's next caller begins a run though its tag comes from its
+    /// key's chain: the place given back began one.
+    next_begins_run: bool,
 }
 
 /// A caller taking turns, shared with its key's `in_turn`: its tag may
@@ -171,7 +173,8 @@ impl Turns {
         }
         let mut state = lock(&self.state);
         // Relaxed: written only under the lock.
-        let tag = key.next_tag.load(Ordering::Relaxed).max(state.served);
+        let next_tag = key.next_tag.load(Ordering::Relaxed);
+        let tag = next_tag.max(state.served);
         let carry_before = key.carry.load(Ordering::Relaxed);
         let owed = COST + carry_before;
         let cost = owed / weight;
@@ -188,16 +191,7 @@ impl Turns {
         let rank = state.next_rank;
         state.next_rank += 1;
         let mut in_turns = lock(&key.in_turn);
-        // A run begins where the tag does not follow on from its key's last
-        // caller in line (it came from the virtual time, or its key's last
-        // run was served or given back).
-        let follows_on = in_turns
-            .callers
-            .last_key_value()
-            .is_some_and(|(&(last, _), caller)| {
-                last.saturating_add(caller.cost.load(Ordering::Relaxed)) == tag
-            });
-        if !follows_on {
+        if std::mem::take(&mut in_turns.next_begins_run) || tag > next_tag {
             in_turns.run_starts.insert((tag, rank));
         }
         in_turns.callers.insert((tag, rank), in_turn.clone());
@@ -256,7 +250,10 @@ impl Turns {
             .range(run_behind)
             .next_back()
             .map(|(&at, _)| at);
+        // Whether the place that frees began a run.
+        let mut freed_began_run = began_run;
         if let Some(at) = last {
+            freed_began_run = false;
             let last = in_turns.callers.remove(&at).expect("found above");
             let (cost, carry) = figures(caller);
             (freed, (freed_cost, carry_before)) = (at.0, figures(&last));
@@ -272,12 +269,13 @@ impl Turns {
             in_turns.callers.insert((tag, at.1), last);
         }
         // If the place that freed was its key's last, the key's next caller
-        // starts there (or at the virtual time, if that is later, beginning
-        // a run), with the carry found there.
+        // starts there (or at the virtual time, if that is later), with the
+        // carry found there, beginning a run if that place did.
         let next_tag = key.next_tag.load(Ordering::Relaxed);
         if freed.saturating_add(freed_cost) == next_tag {
             key.carry.store(carry_before, Ordering::Relaxed);
             key.next_tag.store(freed, Ordering::Relaxed);
+            in_turns.next_begins_run = freed_began_run;
         }
     }
 }
