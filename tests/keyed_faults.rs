@@ -1430,4 +1430,65 @@ mod by_hand {
         );
         drop(w_permit);
     }
+
+    /// A caller of `key` admitted at once (a slot of the ceiling was free):
+    /// it takes a turn, served as it comes.
+    fn admitted(keyed: &KeyedBulkhead<&'static str>, key: &'static str) -> KeyedPermit {
+        let keyed = keyed.clone();
+        let future: Acquiring = Box::pin(async move { keyed.acquire(&key).await });
+        match spawn(future).poll() {
+            Poll::Ready(Ok(permit)) => permit,
+            other => panic!("not admitted at once: {other:?}"),
+        }
+    }
+
+    /// "o"'s o0..o3 (weight 2: tags 0, 32, 64, 96) and "k"'s a (0) wait;
+    /// all are handed slots, and o0..o3 take them up (the virtual time is
+    /// 96); a does not yet. A slot comes free: "k"'s s is admitted at once,
+    /// at 96 (from the virtual time: a run of its own). "o"'s o4 comes
+    /// (128), then "k"'s y (160, on s's run). a gives up (its slot goes
+    /// on). Without a, one more slot comes free.
+    async fn after_a_run_whose_one_caller_was_served(with_a: bool) -> Vec<&'static str> {
+        let keyed =
+            KeyedBulkhead::new(
+                eight_at_once(WAIT).weight_per_key(|key: &&str| if *key == "o" { 2 } else { 1 }),
+            );
+        let ceiling = keyed.ceiling().unwrap().clone();
+        let mut holders: Vec<_> = (0..8).map(|_| ceiling.try_acquire().unwrap()).collect();
+        let mut o: Vec<Caller> = ["o0", "o1", "o2", "o3"]
+            .into_iter()
+            .map(|name| come(&keyed, "o", name))
+            .collect();
+        let a = with_a.then(|| come(&keyed, "k", "a"));
+        holders.truncate(holders.len() - 4 - usize::from(with_a));
+        let mut permits: Vec<KeyedPermit> = o
+            .iter_mut()
+            .map(|o| o.served().expect("handed a slot"))
+            .collect();
+        drop(holders.pop()); // nobody waits: the slot is free
+        permits.push(admitted(&keyed, "k")); // s
+        let mut o4 = come(&keyed, "o", "o4");
+        let mut y = come(&keyed, "k", "y");
+        match a {
+            Some(a) => drop(a),
+            None => drop(holders.pop()),
+        }
+        served_now(&mut [&mut y, &mut o4], &mut permits)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_after_a_run_whose_one_caller_was_served_is_not_moved_into_an_earlier_run() {
+        let without_a = after_a_run_whose_one_caller_was_served(false).await;
+        assert_eq!(
+            without_a,
+            ["o4"],
+            "control: a never came, o4 (128) goes before y (160)"
+        );
+        assert_eq!(
+            after_a_run_whose_one_caller_was_served(true).await,
+            without_a,
+            "a gave up: y (on the run s began at the virtual time) was moved into a's tag 0, \
+             ahead of o4, which came before it"
+        );
+    }
 }

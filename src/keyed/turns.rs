@@ -31,7 +31,11 @@
 //! another key that came after the one that gave up. (Keeping every
 //! caller's order as if the one that gave up had never come would move each
 //! caller of its run up one place, for every caller that gives up; callers
-//! give up in crowds.)
+//! give up in crowds.) And a caller that gives up moves the last of its
+//! run past any key-mate of the run that has left the line meanwhile (a
+//! busy runtime served it out of turn, or has not yet taken up the slot
+//! handed to it): the caller moved may then go ahead of a caller of another
+//! key that came before it, by one turn for each such key-mate.
 //!
 //! A caller's place in the ceiling's line is its tag, 64 bits (at 64 units
 //! a turn, more turns than any line will see), past every `i32` priority
@@ -226,10 +230,20 @@ impl Turns {
             .map_or(Bound::Unbounded, |&(start, _)| Bound::Excluded((start, 0)));
         let run_behind = (Bound::Included((tag, 0)), run_end);
         if served {
-            // Its run goes on from the next of it still in line.
+            // Its run goes on from the next of it still in line, or, if
+            // none is and its place was its key's last, from its key's next
+            // caller.
             if began_run {
-                if let Some((&next, _)) = in_turns.callers.range(run_behind).next() {
-                    in_turns.run_starts.insert(next);
+                match in_turns.callers.range(run_behind).next() {
+                    Some((&next, _)) => {
+                        in_turns.run_starts.insert(next);
+                    }
+                    None => {
+                        let end = tag.saturating_add(caller.cost.load(Ordering::Relaxed));
+                        if end == key.next_tag.load(Ordering::Relaxed) {
+                            in_turns.next_begins_run = true;
+                        }
+                    }
                 }
             }
             state.served = state.served.max(tag);
