@@ -1442,13 +1442,24 @@ mod by_hand {
         }
     }
 
+    /// How "k"'s run begun at the virtual time leaves the line.
+    #[derive(Clone, Copy, Debug)]
+    enum RunLeft {
+        /// Its one caller, s, is admitted at once.
+        OneServed,
+        /// s and t are handed slots, and t takes its slot up first.
+        ServedLastFirst,
+        /// s and t are handed slots; t takes its slot up, then s gives up.
+        FirstGaveUpLast,
+    }
+
     /// "o"'s o0..o3 (weight 2: tags 0, 32, 64, 96) and "k"'s a (0) wait;
     /// all are handed slots, and o0..o3 take them up (the virtual time is
-    /// 96); a does not yet. A slot comes free: "k"'s s is admitted at once,
-    /// at 96 (from the virtual time: a run of its own). "o"'s o4 comes
-    /// (128), then "k"'s y (160, on s's run). a gives up (its slot goes
-    /// on). Without a, one more slot comes free.
-    async fn after_a_run_whose_one_caller_was_served(with_a: bool) -> Vec<&'static str> {
+    /// 96); a does not yet. "k"'s run begun at the virtual time (96) leaves
+    /// the line as `how` says. "o"'s o4 comes, then "k"'s y (on the run
+    /// that left: it begins a run). a gives up (its slot goes on). Without
+    /// a, one more slot comes free.
+    async fn after_a_run_that_left(how: RunLeft, with_a: bool) -> Vec<&'static str> {
         let keyed =
             KeyedBulkhead::new(
                 eight_at_once(WAIT).weight_per_key(|key: &&str| if *key == "o" { 2 } else { 1 }),
@@ -1465,8 +1476,22 @@ mod by_hand {
             .iter_mut()
             .map(|o| o.served().expect("handed a slot"))
             .collect();
-        drop(holders.pop()); // nobody waits: the slot is free
-        permits.push(admitted(&keyed, "k")); // s
+        if let RunLeft::OneServed = how {
+            drop(holders.pop()); // nobody waits: the slot is free
+            permits.push(admitted(&keyed, "k")); // s
+        } else {
+            let mut s = come(&keyed, "k", "s");
+            let mut t = come(&keyed, "k", "t");
+            holders.truncate(holders.len() - 2); // handed to s and t
+            permits.push(t.served().expect("t handed a slot"));
+            match how {
+                RunLeft::ServedLastFirst => permits.push(s.served().expect("s handed a slot")),
+                _ => {
+                    drop(s); // its slot goes back: nobody waits
+                    holders.push(ceiling.try_acquire().expect("s's slot came back"));
+                }
+            }
+        }
         let mut o4 = come(&keyed, "o", "o4");
         let mut y = come(&keyed, "k", "y");
         match a {
@@ -1477,18 +1502,24 @@ mod by_hand {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_caller_after_a_run_whose_one_caller_was_served_is_not_moved_into_an_earlier_run() {
-        let without_a = after_a_run_whose_one_caller_was_served(false).await;
-        assert_eq!(
-            without_a,
-            ["o4"],
-            "control: a never came, o4 (128) goes before y (160)"
-        );
-        assert_eq!(
-            after_a_run_whose_one_caller_was_served(true).await,
-            without_a,
-            "a gave up: y (on the run s began at the virtual time) was moved into a's tag 0, \
-             ahead of o4, which came before it"
-        );
+    async fn a_caller_after_a_run_that_left_the_line_is_not_moved_into_an_earlier_run() {
+        for how in [
+            RunLeft::OneServed,
+            RunLeft::ServedLastFirst,
+            RunLeft::FirstGaveUpLast,
+        ] {
+            let without_a = after_a_run_that_left(how, false).await;
+            assert_eq!(
+                without_a,
+                ["o4"],
+                "{how:?}, control: a never came, o4 before y"
+            );
+            assert_eq!(
+                after_a_run_that_left(how, true).await,
+                without_a,
+                "{how:?}: a gave up, and y (on the run begun at the virtual time, which left the \
+                 line) was moved into a's tag 0, ahead of o4, which came before it"
+            );
+        }
     }
 }

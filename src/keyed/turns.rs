@@ -80,19 +80,19 @@ pub(crate) struct KeyTurn {
 
 /// A key's callers in line taking turns, by tag (and rank, their order of
 /// coming), in runs: a caller whose tag came from its key's chain (its
-/// key's last tag plus its cost) goes on its key's run; one whose tag came
-/// from the virtual time begins a run, and so does one that comes to a
-/// place given back by a caller that began a run. The last caller of a run
-/// takes the place of one of its run that leaves unserved.
+/// key's last tag plus its cost) goes on its key's latest run, if a caller
+/// of that run is still in line; otherwise, or if its tag came from the
+/// virtual time, it begins a run. The last caller of a run takes the place
+/// of one of its run that leaves unserved.
 #[derive(Debug, Default)]
 struct InTurns {
     callers: BTreeMap<(u64, u64), Arc<InTurn>>,
     /// The tag and rank of the first caller in line of each run (the
     /// first caller of a run served, its next goes on from there).
     run_starts: BTreeSet<(u64, u64)>,
-    /// The key's next caller begins a run though its tag comes from its
-    /// key's chain: the place given back began one.
-    next_begins_run: bool,
+    /// Where the key's latest run began: its callers in line are those at
+    /// or past it.
+    latest_run: u64,
 }
 
 /// A caller taking turns, shared with its key's `in_turn`: its tag may
@@ -195,8 +195,14 @@ impl Turns {
         let rank = state.next_rank;
         state.next_rank += 1;
         let mut in_turns = lock(&key.in_turn);
-        if std::mem::take(&mut in_turns.next_begins_run) || tag > next_tag {
+        let latest_run_in_line = in_turns
+            .callers
+            .range((in_turns.latest_run, 0)..)
+            .next()
+            .is_some();
+        if tag > next_tag || !latest_run_in_line {
             in_turns.run_starts.insert((tag, rank));
+            in_turns.latest_run = tag;
         }
         in_turns.callers.insert((tag, rank), in_turn.clone());
         Turn {
@@ -230,20 +236,10 @@ impl Turns {
             .map_or(Bound::Unbounded, |&(start, _)| Bound::Excluded((start, 0)));
         let run_behind = (Bound::Included((tag, 0)), run_end);
         if served {
-            // Its run goes on from the next of it still in line, or, if
-            // none is and its place was its key's last, from its key's next
-            // caller.
+            // Its run goes on from the next of it still in line.
             if began_run {
-                match in_turns.callers.range(run_behind).next() {
-                    Some((&next, _)) => {
-                        in_turns.run_starts.insert(next);
-                    }
-                    None => {
-                        let end = tag.saturating_add(caller.cost.load(Ordering::Relaxed));
-                        if end == key.next_tag.load(Ordering::Relaxed) {
-                            in_turns.next_begins_run = true;
-                        }
-                    }
+                if let Some((&next, _)) = in_turns.callers.range(run_behind).next() {
+                    in_turns.run_starts.insert(next);
                 }
             }
             state.served = state.served.max(tag);
@@ -264,10 +260,7 @@ impl Turns {
             .range(run_behind)
             .next_back()
             .map(|(&at, _)| at);
-        // Whether the place that frees began a run.
-        let mut freed_began_run = began_run;
         if let Some(at) = last {
-            freed_began_run = false;
             let last = in_turns.callers.remove(&at).expect("found above");
             let (cost, carry) = figures(caller);
             (freed, (freed_cost, carry_before)) = (at.0, figures(&last));
@@ -284,12 +277,11 @@ impl Turns {
         }
         // If the place that freed was its key's last, the key's next caller
         // starts there (or at the virtual time, if that is later), with the
-        // carry found there, beginning a run if that place did.
+        // carry found there.
         let next_tag = key.next_tag.load(Ordering::Relaxed);
         if freed.saturating_add(freed_cost) == next_tag {
             key.carry.store(carry_before, Ordering::Relaxed);
             key.next_tag.store(freed, Ordering::Relaxed);
-            in_turns.next_begins_run = freed_began_run;
         }
     }
 }
