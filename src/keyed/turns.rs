@@ -35,7 +35,10 @@
 //! run past any key-mate of the run that has left the line meanwhile (a
 //! busy runtime served it out of turn, or has not yet taken up the slot
 //! handed to it): the caller moved may then go ahead of a caller of another
-//! key that came before it, by one turn for each such key-mate.
+//! key that came before it, by one turn for each such key-mate. So may a
+//! caller that gives up after the virtual time passed it (a slot was handed
+//! to it, not yet taken up): the last of its run, which came later, is
+//! moved below the virtual time it came at.
 //!
 //! A caller's place in the ceiling's line is its tag, 64 bits (at 64 units
 //! a turn, more turns than any line will see), past every `i32` priority
