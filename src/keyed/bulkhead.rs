@@ -97,17 +97,15 @@ impl<K> KeyedConfig<K> {
     /// (its calls holding a slot of the ceiling, and its callers already in
     /// line; not its callers on their way there with its key's slot, though
     /// a permit of its that was leaked counts among its calls while they
-    /// are) gets
-    /// the next slot freed, before every caller of a key that did not
-    /// (nothing running is preempted). Whether a key is below its share is judged as its
-    /// caller comes to the line: a caller that came while its key was at
-    /// its share takes its turn like any, even if its key's calls end
-    /// meanwhile. A caller that goes first takes none of its key's turns:
-    /// what a key was promised does not count against what it borrows.
-    /// While others are idle, any key may use more than its
-    /// share, up to its own limit. Called once, when the key's bulkhead is
-    /// made. Keep the shares' sum within the ceiling: only then can each be
-    /// met.
+    /// are) gets the next slot freed, before every caller of a key that did
+    /// not (nothing running is preempted). Whether a key is below its share
+    /// is judged as its caller comes to the line: a caller that came while
+    /// its key was at its share takes its turn like any, even if its key's
+    /// calls end meanwhile. A caller that goes first takes none of its
+    /// key's turns: what a key was promised does not count against what it
+    /// borrows. While others are idle, any key may use more than its share,
+    /// up to its own limit. Called once, when the key's bulkhead is made.
+    /// Keep the shares' sum within the ceiling: only then can each be met.
     pub fn guarantee_per_key(
         mut self,
         guarantee_of: impl Fn(&K) -> usize + Send + Sync + 'static,

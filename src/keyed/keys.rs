@@ -725,10 +725,10 @@ fn give_back_room<K: Eq>(
     }
 }
 
-/// The room to shrink to, if a collection with room for `room` holds `len`
-/// or fewer a quarter of it: twice what it holds, so that a few more going
-/// in do not grow it again at once (a shrink costs as much as the keys it
-/// moves, and half of them go in or out before the next).
+/// The room to shrink to, if a collection with room for `room` holds a
+/// quarter of it or less (`len`): twice what it holds, so that a few more
+/// going in do not grow it again at once (a shrink costs as much as the
+/// keys it moves, and half of them go in or out before the next).
 fn room_to_keep(room: usize, len: usize) -> Option<usize> {
     /// Room for this many is never worth giving back.
     const KEPT: usize = 16;
