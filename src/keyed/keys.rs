@@ -164,6 +164,31 @@ struct Map<K> {
     most: usize,
 }
 
+impl<K: Eq> Map<K> {
+    /// Room for one more key, counted in `most` before the key goes in:
+    /// `insert` grows the table before it compares keys, and a key's `Eq`
+    /// that panics there would leave a table grown and not counted.
+    fn reserve_one(&mut self) {
+        self.entries.reserve(1);
+        self.most = self.most.max(self.entries.capacity());
+    }
+
+    /// Gives back the room of the map and the ring once they hold a quarter
+    /// of it, so that keys moving from shard to shard leave no room behind
+    /// in each (without it, `max_keys` keys could keep the room of
+    /// `max_keys` in every shard). A map's rehash runs no key's own code
+    /// (see `hashed`).
+    fn give_back_room(&mut self) {
+        if let Some(room) = room_to_keep(self.most, self.entries.len()) {
+            self.entries.shrink_to(room);
+            self.most = self.entries.capacity();
+        }
+        if let Some(room) = room_to_keep(self.ring.capacity(), self.entries.len()) {
+            self.ring.shrink_to(room);
+        }
+    }
+}
+
 impl<K> Map<K> {
     /// Takes the place held for a key of `hash` being made, if there is one.
     fn take_place(&mut self, hash: u64) -> bool {
@@ -407,11 +432,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         );
         // The map runs no `Hash` of a key's (see `hashed`), and a key's
         // `Eq` that panics as it goes in leaves nothing in.
-        // Room first, counted before the key goes in: `insert` grows the
-        // table before it compares keys, and a key's `Eq` that panics there
-        // would leave a table grown and not counted.
-        map.entries.reserve(1);
-        map.most = map.most.max(map.entries.capacity());
+        map.reserve_one();
         map.entries.insert(in_map, entry);
         // Relaxed: a count; the key itself is published by the lock.
         self.held.fetch_add(1, Ordering::Relaxed);
@@ -549,12 +570,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     /// chance, unless no idle key unused since is found, and then the first
     /// idle one seen is evicted. Its place is the caller's to take.
     fn evict_one(&self, map: &mut Map<K>, budget: &mut usize) -> bool {
-        let Map {
-            entries,
-            ring,
-            most,
-            ..
-        } = map;
+        let Map { entries, ring, .. } = map;
         // Each key once: a busy key goes to the back, where the sweep would
         // come to it again.
         let in_ring = ring.len();
@@ -601,7 +617,8 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             return false;
         }
         aside.key = None;
-        give_back_room(entries, aside.ring, most);
+        drop(aside);
+        map.give_back_room();
         true
     }
 
@@ -703,25 +720,6 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         busiest.sort_by_key(|status| std::cmp::Reverse((status.in_flight, status.waiting)));
         busiest.truncate(count);
         busiest
-    }
-}
-
-/// A shard's map and ring keep the room of the most keys they ever held:
-/// given back once they hold a quarter of it, so that keys moving from
-/// shard to shard leave no room behind in each (without it, `max_keys` keys
-/// could keep the room of `max_keys` in every shard). A map's rehash runs
-/// no key's own code (see `hashed`).
-fn give_back_room<K: Eq>(
-    entries: &mut HashMap<Hashed<K>, Entry, PassthroughState>,
-    ring: &mut VecDeque<Hashed<K>>,
-    most: &mut usize,
-) {
-    if let Some(room) = room_to_keep(*most, entries.len()) {
-        entries.shrink_to(room);
-        *most = entries.capacity();
-    }
-    if let Some(room) = room_to_keep(ring.capacity(), entries.len()) {
-        ring.shrink_to(room);
     }
 }
 
