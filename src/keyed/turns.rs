@@ -98,6 +98,63 @@ struct InTurns {
     latest_run: u64,
 }
 
+/// A caller's place in its key's line: its tag and rank.
+type At = (u64, u64);
+
+/// The callers of a run behind one that left it: from its tag to the next
+/// run's start.
+type Behind = (Bound<At>, Bound<At>);
+
+impl InTurns {
+    /// Puts `caller` in line at `at`: on its key's latest run, or beginning
+    /// a run if its tag came `from_virtual_time` or no caller of that run
+    /// is in line.
+    fn join(&mut self, at: At, caller: Arc<InTurn>, from_virtual_time: bool) {
+        let latest_run_in_line = self.callers.range((self.latest_run, 0)..).next().is_some();
+        if from_virtual_time || !latest_run_in_line {
+            self.run_starts.insert(at);
+            self.latest_run = at.0;
+        }
+        self.callers.insert(at, caller);
+    }
+
+    /// Takes the caller at `at` out of line: whether it began its run, and
+    /// the callers of its run behind it.
+    fn take(&mut self, at: At) -> (bool, Behind) {
+        self.callers.remove(&at);
+        let began_run = self.run_starts.remove(&at);
+        let run_end = self
+            .run_starts
+            .range((at.0, 0)..)
+            .next()
+            .map_or(Bound::Unbounded, |&(start, _)| Bound::Excluded((start, 0)));
+        (began_run, (Bound::Included((at.0, 0)), run_end))
+    }
+
+    /// A run whose first caller was served goes on from its next caller
+    /// still in line, if one is.
+    fn go_on_from_next(&mut self, behind: Behind) {
+        if let Some((&next, _)) = self.callers.range(behind).next() {
+            self.run_starts.insert(next);
+        }
+    }
+
+    /// Takes the last caller of a run out of line, `behind` one that left.
+    fn take_last(&mut self, behind: Behind) -> Option<(At, Arc<InTurn>)> {
+        let (&at, _) = self.callers.range(behind).next_back()?;
+        self.callers.remove_entry(&at)
+    }
+
+    /// Puts back at tag `tag` the caller of rank `rank` moved there, the
+    /// start of its run if the one whose place it took `began_run`.
+    fn put_moved(&mut self, tag: u64, rank: u64, caller: Arc<InTurn>, began_run: bool) {
+        if began_run {
+            self.run_starts.insert((tag, rank));
+        }
+        self.callers.insert((tag, rank), caller);
+    }
+}
+
 /// A caller taking turns, shared with its key's `in_turn`: its tag may
 /// change while it waits (see [`Turns::leave`]).
 #[derive(Debug)]
@@ -197,17 +254,7 @@ impl Turns {
         });
         let rank = state.next_rank;
         state.next_rank += 1;
-        let mut in_turns = lock(&key.in_turn);
-        let latest_run_in_line = in_turns
-            .callers
-            .range((in_turns.latest_run, 0)..)
-            .next()
-            .is_some();
-        if tag > next_tag || !latest_run_in_line {
-            in_turns.run_starts.insert((tag, rank));
-            in_turns.latest_run = tag;
-        }
-        in_turns.callers.insert((tag, rank), in_turn.clone());
+        lock(&key.in_turn).join((tag, rank), in_turn.clone(), tag > next_tag);
         Turn {
             place,
             in_turn: Some((in_turn, rank)),
@@ -229,21 +276,10 @@ impl Turns {
         let mut in_turns = lock(&key.in_turn);
         // Relaxed: written only under the lock.
         let tag = caller.tag.load(Ordering::Relaxed);
-        in_turns.callers.remove(&(tag, *rank));
-        let began_run = in_turns.run_starts.remove(&(tag, *rank));
-        // The end of its run: the next run's start, if there is one.
-        let run_end = in_turns
-            .run_starts
-            .range((tag, 0)..)
-            .next()
-            .map_or(Bound::Unbounded, |&(start, _)| Bound::Excluded((start, 0)));
-        let run_behind = (Bound::Included((tag, 0)), run_end);
+        let (began_run, behind) = in_turns.take((tag, *rank));
         if served {
-            // Its run goes on from the next of it still in line.
             if began_run {
-                if let Some((&next, _)) = in_turns.callers.range(run_behind).next() {
-                    in_turns.run_starts.insert(next);
-                }
+                in_turns.go_on_from_next(behind);
             }
             state.served = state.served.max(tag);
             return;
@@ -257,26 +293,17 @@ impl Turns {
         };
         // The place that frees, with its cost and the carry before it.
         let (mut freed, (mut freed_cost, mut carry_before)) = (tag, figures(caller));
-        // The last of its run: behind it, before the next run's start.
-        let last = in_turns
-            .callers
-            .range(run_behind)
-            .next_back()
-            .map(|(&at, _)| at);
-        if let Some(at) = last {
-            let last = in_turns.callers.remove(&at).expect("found above");
+        // Its place goes to the last caller of its run, and that one's frees.
+        if let Some(((last_tag, last_rank), last)) = in_turns.take_last(behind) {
             let (cost, carry) = figures(caller);
-            (freed, (freed_cost, carry_before)) = (at.0, figures(&last));
+            (freed, (freed_cost, carry_before)) = (last_tag, figures(&last));
             last.tag.store(tag, Ordering::Relaxed);
             last.cost.store(cost, Ordering::Relaxed);
             last.carry_before.store(carry, Ordering::Relaxed);
             // Under the turns' lock, then the line's: nothing takes them the
             // other way round.
             ceiling.move_in_line(&last.movable, place_in_turn(tag));
-            if began_run {
-                in_turns.run_starts.insert((tag, at.1));
-            }
-            in_turns.callers.insert((tag, at.1), last);
+            in_turns.put_moved(tag, last_rank, last, began_run);
         }
         // If the place that freed was its key's last, the key's next caller
         // starts there (or at the virtual time, if that is later), with the
