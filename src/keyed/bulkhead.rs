@@ -730,6 +730,7 @@ impl Drop for WaitingForCeiling<'_> {
 }
 
 impl KeyedPermit {
+    /// A key's slot, of a keyed bulkhead with no ceiling.
     fn alone(key: Permit) -> Self {
         Self { key, ceiling: None }
     }
