@@ -1,9 +1,9 @@
-//! Keys whose own `Clone` or `Hash` panic while the keys' maps are busy:
-//! faults found by an adversarial reading, each failing on the version
+//! Keys whose own `Clone`, `Hash` or `Drop` panic while the keys' maps are
+//! busy: faults found by an adversarial reading, each failing on the version
 //! before its fix (a key whose `Clone` panicked went into its ring twice and
 //! was looked at twice; such keys left entries in the ring that made memory
 //! and one call's work grow; a `Hash` that panicked as a map rehashed lost
-//! places).
+//! places; a `Drop` that panicked as its key was evicted lost its place).
 //!
 //! `max_keys(128)` gives 2 shards, `max_keys(64)` one. The shard of a `u64`
 //! key among `1 << bits` is the top `bits` bits of `key * SEED`.
@@ -352,4 +352,59 @@ fn a_hash_panicking_as_a_map_rehashes_loses_no_key_in_use_nor_a_place() {
     );
     assert_eq!(keyed.keys(), 112);
     drop(fresh);
+}
+
+// ---------------------------------------------------------------------------
+// 4. A key whose `Drop` panics as a sweep evicts it: the key is out of the
+//    map, and its place is given back (it was neither handed to the new key
+//    nor given back, and the key stayed counted among those held).
+// ---------------------------------------------------------------------------
+
+/// The id of the key whose drops panic, and which of its drops from now
+/// on does (the map's copy goes first, then the ring's).
+static DROPPING_ID: AtomicU64 = AtomicU64::new(u64::MAX);
+static DROPPING_NTH: AtomicUsize = AtomicUsize::new(0);
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Dropping(u64);
+
+impl Drop for Dropping {
+    fn drop(&mut self) {
+        if self.0 == DROPPING_ID.load(Ordering::SeqCst)
+            && !std::thread::panicking()
+            && DROPPING_NTH.fetch_sub(1, Ordering::SeqCst) == 1
+        {
+            panic!("{QUIET} drop of key {}", self.0);
+        }
+    }
+}
+
+#[test]
+fn a_key_whose_drop_panics_as_it_is_evicted_gives_its_place_back() {
+    // The map's copy of the key panics as it is dropped, or the ring's.
+    for (id, nth) in [(1, 1), (11, 2)] {
+        let keyed: KeyedBulkhead<Dropping> =
+            KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(1));
+        drop(keyed.try_acquire(&Dropping(id)).expect("room for one key"));
+        DROPPING_ID.store(id, Ordering::SeqCst);
+        DROPPING_NTH.store(nth, Ordering::SeqCst);
+        // The new key evicts the idle one, whose drop panics: the call with
+        // it.
+        let evicting = quiet_panics(|| keyed.try_acquire(&Dropping(id + 1)).map(drop));
+        DROPPING_ID.store(u64::MAX, Ordering::SeqCst);
+        assert!(evicting.is_err(), "drop {nth} of the evicted key panicked");
+        assert_eq!(
+            keyed.keys(),
+            0,
+            "drop {nth}: the evicted key is counted out"
+        );
+        assert_eq!(keyed.status(4).evicted, 1, "drop {nth}");
+        // Its place is free: another new key is admitted.
+        let next = keyed
+            .try_acquire(&Dropping(id + 2))
+            .map_err(|shed| shed.reason());
+        assert!(next.is_ok(), "drop {nth}: a new key was shed: {next:?}");
+        drop(next);
+        assert_eq!(keyed.keys(), 1, "drop {nth}");
+    }
 }

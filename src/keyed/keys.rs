@@ -445,11 +445,10 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     /// not taken, or that of an idle key of the shard evicted, looking at
     /// no more than `budget` keys (less those it looks at).
     fn room_here(&self, map: &mut Map<K>, budget: &mut usize) -> Option<Place<'_, K>> {
-        if self.take_free_place() || self.evict_one(map, budget) {
-            Some(Place { keys: self })
-        } else {
-            None
+        if self.take_free_place() {
+            return Some(Place { keys: self });
         }
+        self.evict_one(map, budget)
     }
 
     /// A place for a new key of shard `at`, which found none in its own
@@ -467,8 +466,8 @@ impl<K: Hash + Eq + Clone> Keys<K> {
                 break;
             }
             let mut map = write(&self.shards[(at + step) % count].map);
-            if self.take_free_place() || self.evict_one(&mut map, budget) {
-                return Some(Place { keys: self });
+            if let Some(place) = self.room_here(&mut map, budget) {
+                return Some(place);
             }
         }
         self.refused.fetch_add(1, Ordering::Relaxed);
@@ -568,8 +567,8 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     /// `budget` keys (less those it looks at), each once: a key that is busy
     /// goes to the back; an idle key used since the last pass gets a second
     /// chance, unless no idle key unused since is found, and then the first
-    /// idle one seen is evicted. Its place is the caller's to take.
-    fn evict_one(&self, map: &mut Map<K>, budget: &mut usize) -> bool {
+    /// idle one seen is evicted. Its place is the caller's.
+    fn evict_one(&self, map: &mut Map<K>, budget: &mut usize) -> Option<Place<'_, K>> {
         let Map { entries, ring, .. } = map;
         // Each key once: a busy key goes to the back, where the sweep would
         // come to it again.
@@ -608,18 +607,16 @@ impl<K: Hash + Eq + Clone> Keys<K> {
                 aside.ring.push_back(key);
             }
         }
-        let Some(key) = &aside.key else {
-            return false;
-        };
         // Not found again only if the key's `Eq` changed its answer: back
         // in the ring, and no place handed on for it.
-        if !self.evict(entries, key) {
-            return false;
-        }
-        aside.key = None;
+        let place = self.evict(entries, aside.key.as_ref()?)?;
+        // The ring's copy goes too, dropped last: a key's `Drop` that
+        // panics gives the place back as it unwinds.
+        let evicted = aside.key.take();
         drop(aside);
         map.give_back_room();
-        true
+        drop(evicted);
+        Some(place)
     }
 
     /// Whether nobody holds or is taking a slot of `entry` (under the map's
@@ -644,15 +641,16 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         entry.bulkhead.is_unshared() || entry.bulkhead.reclaimable_since(last_taken)
     }
 
-    /// Takes `key` out of the map, if it is found there.
+    /// Takes `key` out of the map, if it is found there: its place is the
+    /// caller's.
     fn evict(
         &self,
         entries: &mut HashMap<Hashed<K>, Entry, PassthroughState>,
         key: &Hashed<K>,
-    ) -> bool {
-        let Some(entry) = entries.remove(key.lookup()) else {
-            return false;
-        };
+    ) -> Option<Place<'_, K>> {
+        // The map's copy of the key handed back, not dropped in the map: it
+        // is dropped once the key is counted out and its place is held.
+        let (evicted, entry) = entries.remove_entry(key.lookup())?;
         self.held.fetch_sub(1, Ordering::Relaxed);
         // Slots still held are past their deadlines (leaked): forgotten,
         // so that a key that reports metrics shows none in flight.
@@ -660,7 +658,12 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             entry.bulkhead.reset();
         }
         self.evicted.fetch_add(1, Ordering::Relaxed);
-        true
+        // Held before the key is dropped: a key's `Drop` that panics gives
+        // the place back as it unwinds, and the keys are counted right.
+        let place = Place { keys: self };
+        drop(entry);
+        drop(evicted);
+        Some(place)
     }
 
     pub(crate) fn len(&self) -> usize {
