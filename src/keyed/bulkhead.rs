@@ -106,6 +106,12 @@ impl<K> KeyedConfig<K> {
     /// borrows. While others are idle, any key may use more than its share,
     /// up to its own limit. Called once, when the key's bulkhead is made.
     /// Keep the shares' sum within the ceiling: only then can each be met.
+    ///
+    /// The count is read without a lock, so callers of one key coming to
+    /// the line on several threads at once, as another's call is admitted,
+    /// may find it one off. The ceiling's own shedding (its `max_waiting`,
+    /// a saturation signal) refuses a caller below its share as it does
+    /// any caller.
     pub fn guarantee_per_key(
         mut self,
         guarantee_of: impl Fn(&K) -> usize + Send + Sync + 'static,
