@@ -10,6 +10,10 @@
 //! A third group makes the same calls on two threads at once, each its own
 //! keys: what the keys' locks cost when cores meet on them.
 //!
+//! The last groups send a flood of new keys while every key of 1,000 or
+//! 10,000 is busy: each call is shed `TooManyKeys`, beside a plain bulkhead's
+//! refusal of a call when all its slots are held.
+//!
 //! Run with `cargo bench --bench keyed`.
 
 mod support;
@@ -153,6 +157,34 @@ fn try_acquire_drop_on_two_threads(c: &mut Criterion, group: &str) {
     group.finish();
 }
 
+/// A new key each call, every one of `max_keys` keys holding its slot.
+fn new_key_shed(c: &mut Criterion, group: &str, max_keys: u64) {
+    let mut group = c.benchmark_group(group);
+    let config = || Config::new(1, RECLAIM_AFTER);
+    let keyed = KeyedBulkhead::new(KeyedConfig::new(config()).max_keys(max_keys as usize));
+    let _held: Vec<_> = (0..max_keys)
+        .map(|key| keyed.try_acquire(&key).unwrap())
+        .collect();
+    let full = Bulkhead::new(config());
+    let _full = full.try_acquire().unwrap();
+    let new_key = std::cell::Cell::new(max_keys);
+    let plain_shed = each(|| {
+        black_box(black_box(&full).try_acquire().is_err());
+    });
+    let keyed_shed = each(|| {
+        let key = new_key.get();
+        new_key.set(key + 1);
+        black_box(black_box(&keyed).try_acquire(&key).is_err());
+    });
+    let turns: [Turn<'_>; 2] = [&plain_shed, &keyed_shed];
+    for (mine, name) in ["plain_shed", "new_key_shed"].into_iter().enumerate() {
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| interleaved(iters, &turns, mine))
+        });
+    }
+    group.finish();
+}
+
 // What `criterion_group!` expands to, written out because the macro's
 // `pub fn` trips the crate's `missing_docs` lint.
 fn benches() {
@@ -160,6 +192,8 @@ fn benches() {
     try_acquire_drop::<1_000>(&mut criterion, "keyed_try_acquire_drop");
     try_acquire_drop::<16>(&mut criterion, "keyed_try_acquire_drop_16_keys");
     try_acquire_drop_on_two_threads(&mut criterion, "keyed_try_acquire_drop_two_threads_8_calls");
+    new_key_shed(&mut criterion, "keyed_flood_of_new_keys_1000_busy", 1_000);
+    new_key_shed(&mut criterion, "keyed_flood_of_new_keys_10000_busy", 10_000);
 }
 
 criterion_main!(benches);

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig, KeyedPermit};
-use tower_inflight::{Config, ShedReason};
+use tower_inflight::{Config, ManualClock, ShedReason};
 
 const LONG: Duration = Duration::from_secs(3_600);
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -145,8 +145,13 @@ impl Hash for Gated {
 /// A keyed bulkhead of `max_keys` whose keys' makers pass a gate
 /// `{thread}/limit`.
 fn gated_keyed(max_keys: usize) -> KeyedBulkhead<Gated> {
+    gated_keyed_on(max_keys, ManualClock::new())
+}
+
+/// `gated_keyed` on `clock`.
+fn gated_keyed_on(max_keys: usize, clock: ManualClock) -> KeyedBulkhead<Gated> {
     KeyedBulkhead::new(
-        KeyedConfig::new(Config::new(1, LONG))
+        KeyedConfig::new(Config::new(1, LONG).clock(clock))
             .limit_per_key(|_: &Gated| {
                 pass("limit");
                 1
@@ -353,7 +358,8 @@ fn a_new_key_is_not_shed_while_176_of_256_keys_are_idle_over_four_shards() {
 /// keys idle, 65 distinct keys looked at.
 #[test]
 fn a_re_search_is_not_shed_while_64_of_128_keys_are_idle() {
-    let keyed = gated_keyed(128);
+    let clock = ManualClock::new();
+    let keyed = gated_keyed_on(128, clock.clone());
     let mut taken = 10_000_000;
     let i = fresh_ids_in(1, 1, 1, &mut taken)[0];
     let shard1_busy_ids = fresh_ids_in(1, 1, 63, &mut taken);
@@ -375,6 +381,9 @@ fn a_re_search_is_not_shed_while_64_of_128_keys_are_idle() {
             .map_err(|s| s.reason()),
         Err(ShedReason::TooManyKeys)
     );
+    // Searches are short for a millisecond after one that found no room:
+    // past it, A's is a full one.
+    clock.advance(Duration::from_millis(1));
     drop(i_permit); // I idle, unused, at the front of shard 1
 
     // A: evicts I, then makes X and stops there.

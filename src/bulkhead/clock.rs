@@ -154,6 +154,11 @@ impl Clock {
         self.ticks_per_sec() * 60
     }
 
+    /// How many ticks `duration` spans, rounded up.
+    pub(crate) fn ticks(&self, duration: Duration) -> u64 {
+        ceil_ticks(duration, self.ticks_per_sec())
+    }
+
     pub(crate) fn duration(&self, ticks: u64) -> Duration {
         let per_sec = self.ticks_per_sec();
         Duration::from_secs(ticks / per_sec)

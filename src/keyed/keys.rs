@@ -4,7 +4,7 @@
 //! shards (see `shards`), each a map behind its own lock; `max_keys` bounds
 //! them all together.
 
-use crate::bulkhead::{Bulkhead, History};
+use crate::bulkhead::{Bulkhead, Clock, History};
 use crate::config::Config;
 use crate::error::ShedReason;
 use crate::keyed::hashed::{Borrowed, Hashed, PassthroughState};
@@ -20,6 +20,7 @@ use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::BuildHasher;
 use std::hash::Hash;
+use std::time::Duration;
 
 /// How many keys one search for room may look at to find one to evict, so
 /// that a flood of new keys while every key is busy costs a bounded amount
@@ -27,6 +28,16 @@ use std::hash::Hash;
 /// the front of its ring (where its idle keys gather: a sweep sends the busy
 /// keys it looks at to the back), no key twice.
 const SWEEP: usize = 128;
+
+/// How many keys a search for room looks at, at most, within
+/// `SHORT_SEARCHES_FOR` of a search that found none: under a flood of new
+/// keys while every key is busy, a refusal costs a sixteenth of a full
+/// search, and the searches still go round the rings (each from where the
+/// last stopped), so an idle key is found by a later one.
+const SHORT_SEARCH: usize = 8;
+
+/// How long after a search that found no room the searches are short.
+const SHORT_SEARCHES_FOR: Duration = Duration::from_millis(1);
 
 /// How many labels of keys ever report metrics, at most: a bound on the
 /// series a keyed bulkhead adds, whatever its keys.
@@ -235,6 +246,13 @@ pub(crate) struct Keys<K> {
     max_keys: usize,
     evicted: AtomicU64,
     refused: AtomicU64,
+    /// The clock of the template (a manual clock in tests), for
+    /// `found_none_at`.
+    clock: Clock,
+    /// When the latest search for room found none (0: never), on `clock`.
+    found_none_at: AtomicU64,
+    /// `SHORT_SEARCHES_FOR`, in ticks of `clock`.
+    short_searches_for: u64,
 }
 
 impl<K: Hash + Eq + Clone> Keys<K> {
@@ -252,6 +270,11 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         shards: usize,
     ) -> Self {
         debug_assert!(shards.is_power_of_two());
+        let clock = template
+            .clock
+            .clone()
+            .map_or_else(Clock::system, Clock::Manual);
+        let short_searches_for = clock.ticks(SHORT_SEARCHES_FOR);
         Self {
             shards: (0..shards)
                 .map(|_| Shard {
@@ -276,6 +299,9 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             max_keys,
             evicted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            clock,
+            found_none_at: AtomicU64::new(0),
+            short_searches_for,
         }
     }
 
@@ -335,7 +361,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         // while its hash is in `making`: a second caller of a key being made
         // takes none.
         let mut elsewhere = None;
-        let mut budget = SWEEP;
+        let mut budget = self.search_budget();
         let (maker, hash) = loop {
             let mut map = write(shard);
             if let Some(entry) = map.entries.get(lookup) {
@@ -391,7 +417,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         }
         // A search of its own, if its place was taken while it made the key
         // (or it found the key being made and took none).
-        let mut budget = SWEEP;
+        let mut budget = self.search_budget();
         if place.is_none() {
             place = self.room_here(&mut map, &mut budget);
         }
@@ -470,8 +496,35 @@ impl<K: Hash + Eq + Clone> Keys<K> {
                 return Some(place);
             }
         }
+        self.found_none();
         self.refused.fetch_add(1, Ordering::Relaxed);
         None
+    }
+
+    /// How many keys a search for room may look at: `SWEEP`, or
+    /// `SHORT_SEARCH` within `SHORT_SEARCHES_FOR` of a search that found
+    /// none.
+    fn search_budget(&self) -> usize {
+        // Relaxed: a hint to the cost of a search, which publishes nothing.
+        let found_none_at = self.found_none_at.load(Ordering::Relaxed);
+        if found_none_at != 0
+            && self.clock.now() < found_none_at.saturating_add(self.short_searches_for)
+        {
+            SHORT_SEARCH
+        } else {
+            SWEEP
+        }
+    }
+
+    /// Notes that a search for room found none, now.
+    #[cold]
+    fn found_none(&self) {
+        let now = self.clock.now();
+        // Written only when the tick moves: under a flood of new keys, the
+        // refusals of one tick write this line once.
+        if self.found_none_at.load(Ordering::Relaxed) != now {
+            self.found_none_at.store(now, Ordering::Relaxed);
+        }
     }
 
     /// Takes one of the `max_keys` places if one is free.
@@ -918,5 +971,44 @@ mod tests {
         );
         assert_eq!(keys.len(), 134);
         assert_places_match(&keys);
+    }
+
+    #[test]
+    fn within_a_millisecond_of_a_search_that_found_none_a_search_looks_at_8_keys() {
+        let clock = crate::ManualClock::new();
+        let template = Config::new(1, Duration::from_secs(3_600)).clock(clock.clone());
+        let keys = Keys::plain(template, 20, 1);
+        let mut held: Vec<_> = (0..20).map(|key| hold(&keys, key)).collect();
+        assert!(held.iter().all(Option::is_some));
+        // Every key busy: a full search finds none.
+        assert!(hold(&keys, 100).is_none());
+        // Key 12, the 13th in the ring (0 to 19), goes idle.
+        held[12] = None;
+        // Within the millisecond, a search looks at keys 0 to 7 alone, the
+        // next at 8 to 15: it finds key 12.
+        assert!(
+            hold(&keys, 101).is_none(),
+            "a short search looked past 8 keys"
+        );
+        let found = hold(&keys, 102).expect("the next short search goes on to key 12");
+        assert_eq!(keys.evicted(), 1);
+        assert_eq!(keys.refused(), 2);
+        // The ring is now 13 to 19, 0 to 11, 102: every key busy again. A
+        // search that finds none keeps the searches short.
+        assert!(hold(&keys, 103).is_none());
+        // The ring is now 1 to 11, 102, 13 to 19, 0: key 18, the 18th, goes
+        // idle, beyond the next short search.
+        held[18] = None;
+        clock.advance(Duration::from_micros(999));
+        assert!(hold(&keys, 104).is_none(), "still within the millisecond");
+        // The ring is now 9 to 11, 102, 13 to 19, 0 to 8: key 18 is the
+        // 10th. A millisecond after the latest search that found none, a
+        // search is a full one again.
+        clock.advance(Duration::from_millis(1));
+        let found_again = hold(&keys, 105).expect("a full search finds key 18");
+        assert_eq!(keys.evicted(), 2);
+        assert_eq!(keys.refused(), 4);
+        assert_places_match(&keys);
+        drop((found, found_again, held));
     }
 }
