@@ -6,8 +6,12 @@
 //! key shed while 64 of 128 keys were idle (each map's sweep looked at its
 //! share of 128 keys only), a new key shed while 32 of 128 were idle (its
 //! sweep looked again at busy keys it had seen), a caller shed in its second
-//! search for room (it had what its first search left), and a key left in a
-//! ring by a panicking `Clone` counted as a key looked at.
+//! search for room (it had what its first search left), a key left in a
+//! ring by a panicking `Clone` counted as a key looked at; and, of the
+//! short searches that follow a search that found no room, a flood of new
+//! keys of one map shed for good while the keys of another were idle, a new
+//! key shed while one of fewer than 128 keys was idle, and searches short
+//! for good on a clock at its last tick.
 //!
 //! `max_keys(128)` gives 2 shards on any machine (128 / 64 = 2, at most
 //! four a core). The shard of a `u64` key is the top bit of
@@ -461,4 +465,103 @@ fn a_key_left_in_a_ring_by_a_panicking_clone_hides_no_idle_key_from_the_sweep() 
         );
     }
     drop((result, m_result, shard0_busy, shard1_busy));
+}
+
+// ---------------------------------------------------------------------------
+// Short searches: within a millisecond of a search that looked at 128 keys
+// and found none, a new key looks at 8, each search beginning in the map
+// after the last one's.
+// ---------------------------------------------------------------------------
+
+fn keyed_on(clock: &ManualClock, max_keys: usize) -> KeyedBulkhead<u64> {
+    KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, LONG).clock(clock.clone())).max_keys(max_keys),
+    )
+}
+
+/// Every key busy, 64 in each map: a new key of map 0 is shed. Then every
+/// key of map 1 goes idle, and new keys of map 0 come one every half a
+/// millisecond, so that every search is a short one: one of them finds the
+/// idle keys of map 1. (Each short search spent its 8 looks in its own map,
+/// never reaching the other, and all were shed.)
+#[test]
+fn a_flood_of_new_keys_of_one_map_finds_the_idle_keys_of_the_other() {
+    let clock = ManualClock::new();
+    let keyed = keyed_on(&clock, 128);
+    let mut taken = 1_000;
+    let map0 = busy(&keyed, &fresh_ids_in(0, 1, 64, &mut taken));
+    let map1 = busy(&keyed, &fresh_ids_in(1, 1, 64, &mut taken));
+    let first = fresh_ids_in(0, 1, 1, &mut taken)[0];
+    assert_eq!(
+        keyed.try_acquire(&first).map(drop).map_err(|s| s.reason()),
+        Err(ShedReason::TooManyKeys),
+        "every key busy"
+    );
+    drop(map1);
+    let flood = fresh_ids_in(0, 1, 1_000, &mut taken);
+    let admitted = flood.iter().position(|id| {
+        clock.advance(Duration::from_micros(500));
+        keyed.try_acquire(id).is_ok()
+    });
+    let status = keyed.status(0);
+    assert!(
+        admitted.is_some_and(|n| n < 2),
+        "new keys of map 0 shed while the 64 keys of map 1 were idle: first admitted \
+         {admitted:?}, refused {}",
+        status.refused_new_keys
+    );
+    drop(map0);
+}
+
+/// Fewer keys than a search looks at: every key busy, a new key is shed,
+/// then one key goes idle, and the next new key takes its place. (The
+/// refusal made the next search a short one, of 8 keys.)
+#[test]
+fn with_fewer_than_128_keys_a_new_key_is_not_shed_while_one_is_idle() {
+    let clock = ManualClock::new();
+    let keyed = keyed_on(&clock, 16);
+    let mut held: Vec<Option<KeyedPermit>> = (0..16u64)
+        .map(|id| Some(keyed.try_acquire(&id).expect("room while filling")))
+        .collect();
+    assert_eq!(
+        keyed.try_acquire(&100).map(drop).map_err(|s| s.reason()),
+        Err(ShedReason::TooManyKeys),
+        "every key busy"
+    );
+    held[12] = None;
+    let next = keyed.try_acquire(&101).map_err(|s| s.reason());
+    assert!(next.is_ok(), "shed with one of 16 keys idle: {next:?}");
+    drop((next, held));
+}
+
+/// On a clock at its last tick (it reads the same from then on), a search
+/// that found none makes no later search short. (The window never ended:
+/// every search after was short for good.)
+#[test]
+fn on_a_clock_at_its_last_tick_searches_stay_full() {
+    let clock = ManualClock::new();
+    clock.advance(Duration::MAX);
+    let keyed = keyed_on(&clock, 200);
+    // `max_keys(200)` gives 2 maps: 136 keys in map 0, 64 in map 1.
+    let mut taken = 1_000;
+    let ids = fresh_ids_in(0, 1, 136, &mut taken);
+    let mut held: Vec<Option<KeyedPermit>> = busy(&keyed, &ids).into_iter().map(Some).collect();
+    let others = busy(&keyed, &fresh_ids_in(1, 1, 64, &mut taken));
+    let new_of_map0 = fresh_ids_in(0, 1, 2, &mut taken);
+    // A full search looks at the first 128 of map 0 and finds none.
+    assert_eq!(
+        keyed
+            .try_acquire(&new_of_map0[0])
+            .map(drop)
+            .map_err(|s| s.reason()),
+        Err(ShedReason::TooManyKeys),
+        "every key busy"
+    );
+    // The 21st of map 0's ring goes idle: a full search finds it, a short
+    // one (8 keys) would not.
+    held[12] = None;
+    clock.advance(Duration::from_secs(3_600));
+    let next = keyed.try_acquire(&new_of_map0[1]).map_err(|s| s.reason());
+    assert!(next.is_ok(), "shed an hour on, with a key idle: {next:?}");
+    drop((next, held, others));
 }

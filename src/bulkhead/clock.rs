@@ -154,6 +154,12 @@ impl Clock {
         self.ticks_per_sec() * 60
     }
 
+    /// Whether `now`, read from this clock, is its last tick: the clock
+    /// reads the same from then on.
+    pub(crate) fn has_stopped(now: u64) -> bool {
+        now >= MAX_TICK - 1
+    }
+
     /// How many ticks `duration` spans, rounded up.
     pub(crate) fn ticks(&self, duration: Duration) -> u64 {
         ceil_ticks(duration, self.ticks_per_sec())

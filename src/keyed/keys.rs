@@ -30,13 +30,16 @@ use std::time::Duration;
 const SWEEP: usize = 128;
 
 /// How many keys a search for room looks at, at most, within
-/// `SHORT_SEARCHES_FOR` of a search that found none: under a flood of new
-/// keys while every key is busy, a refusal costs a sixteenth of a full
-/// search, and the searches still go round the rings (each from where the
-/// last stopped), so an idle key is found by a later one.
+/// `SHORT_SEARCHES_FOR` of a search that looked at `SWEEP` keys and found
+/// none: under a flood of new keys while every key is busy, a refusal costs
+/// a sixteenth of a full search. Each short search begins in the map after
+/// the last one's, and each map's sweep goes on from where it stopped, so
+/// the short searches still go round every key: one that goes idle is
+/// found by a later one.
 const SHORT_SEARCH: usize = 8;
 
-/// How long after a search that found no room the searches are short.
+/// How long after a search that looked at `SWEEP` keys and found no room
+/// the searches are short.
 const SHORT_SEARCHES_FOR: Duration = Duration::from_millis(1);
 
 /// How many labels of keys ever report metrics, at most: a bound on the
@@ -245,14 +248,27 @@ pub(crate) struct Keys<K> {
     reported: Mutex<HashSet<String>>,
     max_keys: usize,
     evicted: AtomicU64,
-    refused: AtomicU64,
     /// The clock of the template (a manual clock in tests), for
-    /// `found_none_at`.
+    /// `Refusals::found_none_at`.
     clock: Clock,
-    /// When the latest search for room found none (0: never), on `clock`.
-    found_none_at: AtomicU64,
     /// `SHORT_SEARCHES_FOR`, in ticks of `clock`.
     short_searches_for: u64,
+    refusals: Refusals,
+}
+
+/// What the searches for room that find none write, on a cache line of its
+/// own: a flood of new keys refused writes here, and not on the line of the
+/// fields every call reads (the shards, the hasher).
+#[repr(align(128))]
+#[derive(Default)]
+struct Refusals {
+    /// New keys refused.
+    refused: AtomicU64,
+    /// When the latest search that looked at `SWEEP` keys, or a short one
+    /// after it, found none (0: never), on `Keys::clock`.
+    found_none_at: AtomicU64,
+    /// The map the next short search begins in (modulo the maps).
+    next_map: AtomicUsize,
 }
 
 impl<K: Hash + Eq + Clone> Keys<K> {
@@ -298,10 +314,9 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             reported: Mutex::default(),
             max_keys,
             evicted: AtomicU64::new(0),
-            refused: AtomicU64::new(0),
             clock,
-            found_none_at: AtomicU64::new(0),
             short_searches_for,
+            refusals: Refusals::default(),
         }
     }
 
@@ -361,7 +376,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         // while its hash is in `making`: a second caller of a key being made
         // takes none.
         let mut elsewhere = None;
-        let mut budget = self.search_budget();
+        let mut search = self.search();
         let (maker, hash) = loop {
             let mut map = write(shard);
             if let Some(entry) = map.entries.get(lookup) {
@@ -373,7 +388,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             }
             let place = match elsewhere.take() {
                 Some(place) => Some(place),
-                None => self.room_here(&mut map, &mut budget),
+                None => self.room_here(&mut map, &mut search),
             };
             if let Some(place) = place {
                 map.making.push(hash);
@@ -392,7 +407,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             // Another shard's lock is never taken under this one's: with
             // two held, two new keys could each wait for the other's.
             drop(map);
-            elsewhere = Some(self.room_elsewhere(at, &mut budget)?);
+            elsewhere = Some(self.room_elsewhere(at, &mut search)?);
         };
         // Made outside the lock: a key with a large limit takes a while to
         // build, and the limit functions may look at this keyed bulkhead.
@@ -417,15 +432,15 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         }
         // A search of its own, if its place was taken while it made the key
         // (or it found the key being made and took none).
-        let mut budget = self.search_budget();
+        let mut search = self.search();
         if place.is_none() {
-            place = self.room_here(&mut map, &mut budget);
+            place = self.room_here(&mut map, &mut search);
         }
         let place = match place {
             Some(place) => place,
             None => {
                 drop(map);
-                let elsewhere = self.room_elsewhere(at, &mut budget)?;
+                let elsewhere = self.room_elsewhere(at, &mut search)?;
                 map = write(shard);
                 if map.entries.contains_key(lookup) {
                     return map.entries.get(lookup).map(found); // made meanwhile
@@ -468,51 +483,80 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     }
 
     /// A place for a new key in the shard of `map`: one of the `max_keys`
-    /// not taken, or that of an idle key of the shard evicted, looking at
-    /// no more than `budget` keys (less those it looks at).
-    fn room_here(&self, map: &mut Map<K>, budget: &mut usize) -> Option<Place<'_, K>> {
+    /// not taken, or, unless `search` is a short one, that of an idle key of
+    /// the shard evicted (see `SWEEP`).
+    fn room_here(&self, map: &mut Map<K>, search: &mut Search) -> Option<Place<'_, K>> {
+        if search.short {
+            // A short search begins in the map its turn gives it (see
+            // `room_elsewhere`), not in its own.
+            return self.take_free_place().then(|| Place { keys: self });
+        }
+        self.room_in(map, &mut search.budget)
+    }
+
+    /// A place for a new key of shard `at`, which found none in its own
+    /// shard: one given back meanwhile, or that of an idle key of another
+    /// shard evicted, looking at no more than `search.budget` keys: a full
+    /// search looks in the shards after its own; a short one (see
+    /// `SHORT_SEARCH`) in each shard from the one after the last short
+    /// search's, its own among them. `None`, counted as refused, if there is
+    /// none.
+    #[cold]
+    fn room_elsewhere(&self, at: usize, search: &mut Search) -> Option<Place<'_, K>> {
+        let count = self.shards.len();
+        let (first, shards) = if search.short {
+            // Relaxed: which map a short search begins in spreads the short
+            // searches over the maps, and publishes nothing.
+            let first = self.refusals.next_map.fetch_add(1, Ordering::Relaxed);
+            (first % count, count)
+        } else {
+            ((at + 1) % count, count - 1)
+        };
+        for step in 0..shards {
+            if self.take_free_place() {
+                return Some(Place { keys: self });
+            }
+            if search.budget == 0 {
+                break;
+            }
+            let mut map = write(&self.shards[(first + step) % count].map);
+            if let Some(place) = self.room_in(&mut map, &mut search.budget) {
+                return Some(place);
+            }
+        }
+        // Keys left unlooked at: the searches are short for a while. (With
+        // every key looked at, the next search would look at them all again.)
+        if search.budget == 0 {
+            self.found_none();
+        }
+        self.refusals.refused.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+
+    /// A place in the shard of `map`: one of the `max_keys` not taken, or
+    /// that of an idle key of the shard evicted, looking at no more than
+    /// `budget` keys (less those it looks at).
+    fn room_in(&self, map: &mut Map<K>, budget: &mut usize) -> Option<Place<'_, K>> {
         if self.take_free_place() {
             return Some(Place { keys: self });
         }
         self.evict_one(map, budget)
     }
 
-    /// A place for a new key of shard `at`, which found none in its own
-    /// shard: one given back meanwhile, or that of an idle key of the next
-    /// shards evicted, looking at no more than `budget` keys (see `SWEEP`).
-    /// `None`, counted as refused, if there is none.
-    #[cold]
-    fn room_elsewhere(&self, at: usize, budget: &mut usize) -> Option<Place<'_, K>> {
-        let count = self.shards.len();
-        for step in 1..count {
-            if self.take_free_place() {
-                return Some(Place { keys: self });
-            }
-            if *budget == 0 {
-                break;
-            }
-            let mut map = write(&self.shards[(at + step) % count].map);
-            if let Some(place) = self.room_here(&mut map, budget) {
-                return Some(place);
-            }
-        }
-        self.found_none();
-        self.refused.fetch_add(1, Ordering::Relaxed);
-        None
-    }
-
-    /// How many keys a search for room may look at: `SWEEP`, or
-    /// `SHORT_SEARCH` within `SHORT_SEARCHES_FOR` of a search that found
-    /// none.
-    fn search_budget(&self) -> usize {
+    /// A search for room, as it begins: a full one, or a short one within
+    /// `SHORT_SEARCHES_FOR` of a search that found none with keys left
+    /// unlooked at.
+    fn search(&self) -> Search {
         // Relaxed: a hint to the cost of a search, which publishes nothing.
-        let found_none_at = self.found_none_at.load(Ordering::Relaxed);
-        if found_none_at != 0
-            && self.clock.now() < found_none_at.saturating_add(self.short_searches_for)
-        {
-            SHORT_SEARCH
-        } else {
-            SWEEP
+        let found_none_at = self.refusals.found_none_at.load(Ordering::Relaxed);
+        let short = found_none_at != 0 && {
+            let now = self.clock.now();
+            // A clock at its last tick reads the same for good: no window.
+            !Clock::has_stopped(now) && now < found_none_at.saturating_add(self.short_searches_for)
+        };
+        Search {
+            budget: if short { SHORT_SEARCH } else { SWEEP },
+            short,
         }
     }
 
@@ -520,10 +564,11 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     #[cold]
     fn found_none(&self) {
         let now = self.clock.now();
+        let found_none_at = &self.refusals.found_none_at;
         // Written only when the tick moves: under a flood of new keys, the
         // refusals of one tick write this line once.
-        if self.found_none_at.load(Ordering::Relaxed) != now {
-            self.found_none_at.store(now, Ordering::Relaxed);
+        if found_none_at.load(Ordering::Relaxed) != now {
+            found_none_at.store(now, Ordering::Relaxed);
         }
     }
 
@@ -740,7 +785,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     }
 
     pub(crate) fn refused(&self) -> u64 {
-        self.refused.load(Ordering::Relaxed)
+        self.refusals.refused.load(Ordering::Relaxed)
     }
 
     /// The keys with the most calls in flight (then waiting), at most
@@ -805,6 +850,14 @@ impl<K> Drop for Aside<'_, K> {
             self.ring.push_back(key);
         }
     }
+}
+
+/// A search for room for a new key.
+struct Search {
+    /// How many more keys it may look at.
+    budget: usize,
+    /// A short one (see `SHORT_SEARCH`).
+    short: bool,
 }
 
 /// One of the `max_keys` places, taken for a new key: given back when
@@ -941,7 +994,9 @@ mod tests {
     fn a_search_looks_at_its_own_shard_then_the_next_128_keys_in_all() {
         // 4 shards. Shard 0 holds 130 busy keys ahead of an idle one, the
         // last in its ring; shards 1 to 3 an idle key each.
-        let keys = keys(134, 4);
+        let clock = crate::ManualClock::new();
+        let template = Config::new(1, Duration::from_secs(3_600)).clock(clock.clone());
+        let keys = Keys::plain(template, 134, 4);
         let of_shard_0 = keys_of_shard(0, 4, 133);
         let mut held: Vec<_> = of_shard_0[..130]
             .iter()
@@ -956,8 +1011,9 @@ mod tests {
         // though shards 1 to 3 have idle keys.
         assert!(hold(&keys, of_shard_0[131]).is_none());
         assert_eq!(keys.refused(), 1);
-        // The next goes on from where it stopped: 2 busy keys, then the idle
-        // one.
+        // Past the millisecond of short searches that follows, the next goes
+        // on from where it stopped: 2 busy keys, then the idle one.
+        clock.advance(Duration::from_millis(1));
         held.push(hold(&keys, of_shard_0[131]).expect("the idle key of shard 0"));
         assert_eq!(keys.evicted(), 1);
         // A new key of shard 2 evicts the idle key of its own shard; the
@@ -974,40 +1030,43 @@ mod tests {
     }
 
     #[test]
-    fn within_a_millisecond_of_a_search_that_found_none_a_search_looks_at_8_keys() {
+    fn within_a_millisecond_of_a_search_that_found_none_among_128_keys_a_search_looks_at_8() {
         let clock = crate::ManualClock::new();
         let template = Config::new(1, Duration::from_secs(3_600)).clock(clock.clone());
-        let keys = Keys::plain(template, 20, 1);
-        let mut held: Vec<_> = (0..20).map(|key| hold(&keys, key)).collect();
+        let keys = Keys::plain(template, 136, 1);
+        let mut held: Vec<_> = (0..136).map(|key| hold(&keys, key)).collect();
         assert!(held.iter().all(Option::is_some));
-        // Every key busy: a full search finds none.
-        assert!(hold(&keys, 100).is_none());
-        // Key 12, the 13th in the ring (0 to 19), goes idle.
+        // Every key busy: a full search looks at 0 to 127 and finds none.
+        assert!(hold(&keys, 1_000).is_none());
+        // The ring is 128 to 135, 0 to 127: key 12, the 21st, goes idle.
         held[12] = None;
-        // Within the millisecond, a search looks at keys 0 to 7 alone, the
-        // next at 8 to 15: it finds key 12.
+        // Within the millisecond, a search looks at 128 to 135 alone, the
+        // next at 0 to 7, the next at 8 to 11, then finds key 12.
         assert!(
-            hold(&keys, 101).is_none(),
+            hold(&keys, 1_001).is_none(),
             "a short search looked past 8 keys"
         );
-        let found = hold(&keys, 102).expect("the next short search goes on to key 12");
+        assert!(
+            hold(&keys, 1_002).is_none(),
+            "a short search looked past 8 keys"
+        );
+        let found = hold(&keys, 1_003).expect("the third short search goes on to key 12");
         assert_eq!(keys.evicted(), 1);
-        assert_eq!(keys.refused(), 2);
-        // The ring is now 13 to 19, 0 to 11, 102: every key busy again. A
-        // search that finds none keeps the searches short.
-        assert!(hold(&keys, 103).is_none());
-        // The ring is now 1 to 11, 102, 13 to 19, 0: key 18, the 18th, goes
-        // idle, beyond the next short search.
-        held[18] = None;
+        assert_eq!(keys.refused(), 3);
+        // The ring is 13 to 135, 0 to 11, 1,003: every key busy again. A short
+        // search that looked at 8 and found none keeps the searches short.
+        assert!(hold(&keys, 1_004).is_none());
+        // The ring is 21 to 135, 0 to 11, 1,003, 13 to 20: key 40, the 20th,
+        // goes idle, beyond the next short search.
+        held[40] = None;
         clock.advance(Duration::from_micros(999));
-        assert!(hold(&keys, 104).is_none(), "still within the millisecond");
-        // The ring is now 9 to 11, 102, 13 to 19, 0 to 8: key 18 is the
-        // 10th. A millisecond after the latest search that found none, a
-        // search is a full one again.
+        assert!(hold(&keys, 1_005).is_none(), "still within the millisecond");
+        // The ring is 29 to 135, ...: key 40 is the 12th. A millisecond after
+        // the latest search that found none, a search is a full one again.
         clock.advance(Duration::from_millis(1));
-        let found_again = hold(&keys, 105).expect("a full search finds key 18");
+        let found_again = hold(&keys, 1_006).expect("a full search finds key 40");
         assert_eq!(keys.evicted(), 2);
-        assert_eq!(keys.refused(), 4);
+        assert_eq!(keys.refused(), 5);
         assert_places_match(&keys);
         drop((found, found_again, held));
     }
