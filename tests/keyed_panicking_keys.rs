@@ -3,7 +3,8 @@
 //! before its fix (a key whose `Clone` panicked went into its ring twice and
 //! was looked at twice; such keys left entries in the ring that made memory
 //! and one call's work grow; a `Hash` that panicked as a map rehashed lost
-//! places; a `Drop` that panicked as its key was evicted lost its place).
+//! places; a `Drop` that panicked as its key was evicted lost its place,
+//! and left the key in its ring, where, made again, it was twice).
 //!
 //! `max_keys(128)` gives 2 shards, `max_keys(64)` one. The shard of a `u64`
 //! key among `1 << bits` is the top `bits` bits of `key * SEED`.
@@ -407,4 +408,78 @@ fn a_key_whose_drop_panics_as_it_is_evicted_gives_its_place_back() {
         drop(next);
         assert_eq!(keyed.keys(), 1, "drop {nth}");
     }
+}
+
+// ---------------------------------------------------------------------------
+// 5. A key whose `Drop` panics as it is evicted leaves no copy in its ring:
+//    made again, it is looked at once. (The ring's copy went back into the
+//    ring as the panic unwound; made again, the key was in its ring twice.)
+// ---------------------------------------------------------------------------
+
+/// The id whose next drop panics, once.
+static PANICS_ONCE_ON_DROP: AtomicU64 = AtomicU64::new(u64::MAX);
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PanicsOnceOnDrop(u64);
+
+impl Drop for PanicsOnceOnDrop {
+    fn drop(&mut self) {
+        if !std::thread::panicking()
+            && PANICS_ONCE_ON_DROP
+                .compare_exchange(self.0, u64::MAX, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            panic!("{QUIET} drop of key {}", self.0);
+        }
+    }
+}
+
+#[test]
+fn a_key_whose_drop_panicked_as_it_was_evicted_is_looked_at_once_when_made_again() {
+    // One map of 127 keys: 1 and 2 idle at the front of the ring, then 125
+    // busy.
+    let keyed: KeyedBulkhead<PanicsOnceOnDrop> =
+        KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(127));
+    drop(keyed.try_acquire(&PanicsOnceOnDrop(1)).unwrap());
+    drop(keyed.try_acquire(&PanicsOnceOnDrop(2)).unwrap());
+    let mut busy: Vec<Option<KeyedPermit>> = (100..225)
+        .map(|id| {
+            Some(
+                keyed
+                    .try_acquire(&PanicsOnceOnDrop(id))
+                    .expect("room while filling"),
+            )
+        })
+        .collect();
+    // A new key evicts 1, then another 2, and the drop of each one's copy
+    // in the map panics; each is made again, and held.
+    let mut again = Vec::new();
+    for (evicted, new) in [(1, 1_000), (2, 1_001)] {
+        PANICS_ONCE_ON_DROP.store(evicted, Ordering::SeqCst);
+        let evicting = quiet_panics(|| keyed.try_acquire(&PanicsOnceOnDrop(new)).map(drop));
+        assert!(evicting.is_err(), "key {evicted}'s drop panicked");
+        again.push(
+            keyed
+                .try_acquire(&PanicsOnceOnDrop(evicted))
+                .expect("a free place"),
+        );
+    }
+    assert_eq!(keyed.keys(), 127);
+    // The first busy key goes idle, a new one takes its place at the back
+    // of the ring and goes idle too: 126 of 127 keys busy.
+    busy[0] = None;
+    drop(
+        keyed
+            .try_acquire(&PanicsOnceOnDrop(3))
+            .expect("the idle key's place"),
+    );
+    // A search of 128 looks at every key once, and finds the idle one.
+    let next = keyed
+        .try_acquire(&PanicsOnceOnDrop(1_002))
+        .map_err(|shed| shed.reason());
+    assert!(
+        next.is_ok(),
+        "shed with 126 of 127 keys busy: a key was looked at twice: {next:?}"
+    );
+    drop((next, busy, again));
 }

@@ -10,8 +10,9 @@
 //! ring by a panicking `Clone` counted as a key looked at; and, of the
 //! short searches that follow a search that found no room, a flood of new
 //! keys of one map shed for good while the keys of another were idle, a new
-//! key shed while one of fewer than 128 keys was idle, and searches short
-//! for good on a clock at its last tick.
+//! key shed while one of fewer than 128 keys was idle, searches short for
+//! good on a clock at its last tick, and short searches that found none
+//! keeping the searches short past the millisecond.
 //!
 //! `max_keys(128)` gives 2 shards on any machine (128 / 64 = 2, at most
 //! four a core). The shard of a `u64` key is the top bit of
@@ -563,5 +564,38 @@ fn on_a_clock_at_its_last_tick_searches_stay_full() {
     clock.advance(Duration::from_secs(3_600));
     let next = keyed.try_acquire(&new_of_map0[1]).map_err(|s| s.reason());
     assert!(next.is_ok(), "shed an hour on, with a key idle: {next:?}");
+    drop((next, held, others));
+}
+
+/// A full search that found none makes the searches short for a
+/// millisecond, and a short one that finds none does not make it longer.
+/// (Each short search that found none began the millisecond again, so a
+/// flood kept every search short for good.)
+#[test]
+fn a_short_search_that_found_none_does_not_make_the_short_searches_last_longer() {
+    let clock = ManualClock::new();
+    let keyed = keyed_on(&clock, 200);
+    // 2 maps: 136 keys busy in map 0, 64 in map 1.
+    let mut taken = 1_000;
+    let ids = fresh_ids_in(0, 1, 136, &mut taken);
+    let mut held: Vec<Option<KeyedPermit>> = busy(&keyed, &ids).into_iter().map(Some).collect();
+    let others = busy(&keyed, &fresh_ids_in(1, 1, 64, &mut taken));
+    let new_keys = fresh_ids_in(0, 1, 3, &mut taken);
+    let shed = |id: &u64| keyed.try_acquire(id).map(drop).map_err(|s| s.reason());
+    // A full search looks at the first 128 of map 0 and finds none.
+    assert_eq!(shed(&new_keys[0]), Err(ShedReason::TooManyKeys));
+    // The 21st of map 0's ring goes idle; a short search finds none.
+    held[12] = None;
+    clock.advance(Duration::from_micros(900));
+    assert_eq!(
+        shed(&new_keys[1]),
+        Err(ShedReason::TooManyKeys),
+        "short, within the millisecond"
+    );
+    // Past the millisecond of the full search: a full search finds the
+    // idle key.
+    clock.advance(Duration::from_micros(100));
+    let next = keyed.try_acquire(&new_keys[2]).map_err(|s| s.reason());
+    assert!(next.is_ok(), "shed past the millisecond: {next:?}");
     drop((next, held, others));
 }

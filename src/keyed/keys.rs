@@ -264,8 +264,8 @@ pub(crate) struct Keys<K> {
 struct Refusals {
     /// New keys refused.
     refused: AtomicU64,
-    /// When the latest search that looked at `SWEEP` keys, or a short one
-    /// after it, found none (0: never), on `Keys::clock`.
+    /// When the latest search that looked at `SWEEP` keys found none (0:
+    /// never), on `Keys::clock`.
     found_none_at: AtomicU64,
     /// The map the next short search begins in (modulo the maps).
     next_map: AtomicUsize,
@@ -524,9 +524,12 @@ impl<K: Hash + Eq + Clone> Keys<K> {
                 return Some(place);
             }
         }
-        // Keys left unlooked at: the searches are short for a while. (With
-        // every key looked at, the next search would look at them all again.)
-        if search.budget == 0 {
+        // A full search that found none with its budget spent (keys may be
+        // left unlooked at): the searches are short for a while. (With
+        // every key looked at, the next would look at them all again.) A
+        // short one does not make the while longer: a full search comes
+        // within a millisecond of the last, however long a flood lasts.
+        if search.budget == 0 && !search.short {
             self.found_none();
         }
         self.refusals.refused.fetch_add(1, Ordering::Relaxed);
@@ -705,15 +708,20 @@ impl<K: Hash + Eq + Clone> Keys<K> {
                 aside.ring.push_back(key);
             }
         }
-        // Not found again only if the key's `Eq` changed its answer: back
-        // in the ring, and no place handed on for it.
-        let place = self.evict(entries, aside.key.as_ref()?)?;
-        // The ring's copy goes too, dropped last: a key's `Drop` that
-        // panics gives the place back as it unwinds.
-        let evicted = aside.key.take();
+        // Not found again only if the key's `Eq` changed its answer (or
+        // it panics): back in the ring, and no place handed on for it.
+        let (in_map, entry) = entries.remove_entry(aside.key.as_ref()?.lookup())?;
+        // Out of the ring for good before any copy of the key is dropped:
+        // were a `Drop` to panic, it would not go back.
+        let in_ring = DroppedUnlessUnwinding(aside.key.take());
         drop(aside);
+        let place = self.count_out(entry);
         map.give_back_room();
-        drop(evicted);
+        // A key's `Drop` that panics gives the place back as it unwinds,
+        // and leaks the ring's copy, if it is still here, rather than drop
+        // it during the unwinding (a second panic would abort).
+        drop(in_map);
+        drop(in_ring);
         Some(place)
     }
 
@@ -739,16 +747,9 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         entry.bulkhead.is_unshared() || entry.bulkhead.reclaimable_since(last_taken)
     }
 
-    /// Takes `key` out of the map, if it is found there: its place is the
-    /// caller's.
-    fn evict(
-        &self,
-        entries: &mut HashMap<Hashed<K>, Entry, PassthroughState>,
-        key: &Hashed<K>,
-    ) -> Option<Place<'_, K>> {
-        // The map's copy of the key handed back, not dropped in the map: it
-        // is dropped once the key is counted out and its place is held.
-        let (evicted, entry) = entries.remove_entry(key.lookup())?;
+    /// Counts out a key taken out of its map, whose `entry` is dropped
+    /// here: its place is the caller's.
+    fn count_out(&self, entry: Entry) -> Place<'_, K> {
         self.held.fetch_sub(1, Ordering::Relaxed);
         // Slots still held are past their deadlines (leaked): forgotten,
         // so that a key that reports metrics shows none in flight.
@@ -756,12 +757,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             entry.bulkhead.reset();
         }
         self.evicted.fetch_add(1, Ordering::Relaxed);
-        // Held before the key is dropped: a key's `Drop` that panics gives
-        // the place back as it unwinds, and the keys are counted right.
-        let place = Place { keys: self };
-        drop(entry);
-        drop(evicted);
-        Some(place)
+        Place { keys: self }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -848,6 +844,19 @@ impl<K> Drop for Aside<'_, K> {
     fn drop(&mut self) {
         if let Some(key) = self.key.take() {
             self.ring.push_back(key);
+        }
+    }
+}
+
+/// A copy of a key, dropped in its turn unless a panic is unwinding: then
+/// leaked, since a key's `Drop` that panicked once may panic again, and a
+/// panic while unwinding aborts the process.
+struct DroppedUnlessUnwinding<T>(Option<T>);
+
+impl<T> Drop for DroppedUnlessUnwinding<T> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            std::mem::forget(self.0.take());
         }
     }
 }
@@ -1053,8 +1062,7 @@ mod tests {
         let found = hold(&keys, 1_003).expect("the third short search goes on to key 12");
         assert_eq!(keys.evicted(), 1);
         assert_eq!(keys.refused(), 3);
-        // The ring is 13 to 135, 0 to 11, 1,003: every key busy again. A short
-        // search that looked at 8 and found none keeps the searches short.
+        // The ring is 13 to 135, 0 to 11, 1,003: every key busy again.
         assert!(hold(&keys, 1_004).is_none());
         // The ring is 21 to 135, 0 to 11, 1,003, 13 to 20: key 40, the 20th,
         // goes idle, beyond the next short search.
@@ -1062,8 +1070,9 @@ mod tests {
         clock.advance(Duration::from_micros(999));
         assert!(hold(&keys, 1_005).is_none(), "still within the millisecond");
         // The ring is 29 to 135, ...: key 40 is the 12th. A millisecond after
-        // the latest search that found none, a search is a full one again.
-        clock.advance(Duration::from_millis(1));
+        // the latest full search that found none, a search is a full one
+        // again, though short ones found none since.
+        clock.advance(Duration::from_micros(1));
         let found_again = hold(&keys, 1_006).expect("a full search finds key 40");
         assert_eq!(keys.evicted(), 2);
         assert_eq!(keys.refused(), 5);
