@@ -39,7 +39,8 @@ const SWEEP: usize = 128;
 const SHORT_SEARCH: usize = 8;
 
 /// How long after a search that looked at `SWEEP` keys and found no room
-/// the searches are short.
+/// the searches are short: at least this, and less than twice it, on a clock
+/// of 1,024 ticks a second.
 const SHORT_SEARCHES_FOR: Duration = Duration::from_millis(1);
 
 /// How many labels of keys ever report metrics, at most: a bound on the
@@ -248,7 +249,7 @@ pub(crate) struct Keys<K> {
     reported: Mutex<HashSet<String>>,
     max_keys: usize,
     evicted: AtomicU64,
-    /// The clock of the template (a manual clock in tests), for
+    /// The template's manual clock (in tests), or a precise one, for
     /// `Refusals::found_none_at`.
     clock: Clock,
     /// `SHORT_SEARCHES_FOR`, in ticks of `clock`.
@@ -286,10 +287,13 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         shards: usize,
     ) -> Self {
         debug_assert!(shards.is_power_of_two());
+        // Not the coarse system clock: it moves once a scheduler tick (up to
+        // 10 ms), longer than the while it would time. Read only as a search
+        // for room begins or finds none.
         let clock = template
             .clock
             .clone()
-            .map_or_else(Clock::system, Clock::Manual);
+            .map_or_else(Clock::precise, Clock::Manual);
         let short_searches_for = clock.ticks(SHORT_SEARCHES_FOR);
         Self {
             shards: (0..shards)

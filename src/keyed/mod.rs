@@ -22,8 +22,8 @@
 //!   same hash, may look a second time), so a flood of new keys costs a
 //!   bounded amount each: with 128 keys or more busy at once, a new key may
 //!   be shed while an idle key lies further on, where the next new key
-//!   looks. Within a millisecond of a new key shed so (having looked at 128
-//!   busy keys), a new key looks at 8 keys, each such search in the map
+//!   looks. For about a millisecond after a new key is shed so (having
+//!   looked at 128 busy keys), a new key looks at 8 keys, each such search in the map
 //!   after the last one's: while every key is busy, each new key of a flood
 //!   costs a sixteenth of a full search (and holds a map's lock that much
 //!   less), and the short searches still go round every map's keys, so an
