@@ -4,7 +4,9 @@
 //! was looked at twice; such keys left entries in the ring that made memory
 //! and one call's work grow; a `Hash` that panicked as a map rehashed lost
 //! places; a `Drop` that panicked as its key was evicted lost its place,
-//! and left the key in its ring, where, made again, it was twice).
+//! left the key in its ring, where, made again, it was twice, or, once
+//! that was fixed, leaked a copy of the key each time, or aborted the
+//! process as the keys were dropped).
 //!
 //! `max_keys(128)` gives 2 shards, `max_keys(64)` one. The shard of a `u64`
 //! key among `1 << bits` is the top `bits` bits of `key * SEED`.
@@ -482,4 +484,202 @@ fn a_key_whose_drop_panicked_as_it_was_evicted_is_looked_at_once_when_made_again
         "shed with 126 of 127 keys busy: a key was looked at twice: {next:?}"
     );
     drop((next, busy, again));
+}
+
+// ---------------------------------------------------------------------------
+// 6. An eviction made as a panic unwinds (a `Drop` that calls the keyed
+//    bulkhead) leaves no copy of an ordinary key behind. (The ring's copy of
+//    the evicted key was leaked whenever a panic was unwinding.)
+// ---------------------------------------------------------------------------
+
+/// Copies of `Counted` alive.
+static COUNTED_ALIVE: AtomicUsize = AtomicUsize::new(0);
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Counted(u64);
+
+impl Counted {
+    fn new(id: u64) -> Self {
+        COUNTED_ALIVE.fetch_add(1, Ordering::SeqCst);
+        Counted(id)
+    }
+}
+
+impl Clone for Counted {
+    fn clone(&self) -> Self {
+        Counted::new(self.0)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        COUNTED_ALIVE.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Calls the keyed bulkhead with a new key as it is dropped (here, as a
+/// panic unwinds).
+struct CallsOnDrop<'a> {
+    keyed: &'a KeyedBulkhead<Counted>,
+    id: u64,
+}
+
+impl Drop for CallsOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = self.keyed.try_acquire(&Counted::new(self.id));
+    }
+}
+
+#[test]
+fn an_eviction_made_while_a_panic_unwinds_leaks_no_copy_of_an_ordinary_key() {
+    const ROUNDS: u64 = 1_000;
+    let keyed: KeyedBulkhead<Counted> =
+        KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(1));
+    let alive_before = COUNTED_ALIVE.load(Ordering::SeqCst);
+    for id in 0..ROUNDS {
+        // Each round's new key evicts the last round's, idle.
+        let unwound = quiet_panics(|| {
+            let _calls = CallsOnDrop { keyed: &keyed, id };
+            panic!("{QUIET} a panic, unrelated to the keys");
+        });
+        assert!(unwound.is_err());
+    }
+    assert_eq!(keyed.keys(), 1);
+    assert_eq!(keyed.status(0).evicted, ROUNDS - 1);
+    let alive = COUNTED_ALIVE.load(Ordering::SeqCst) - alive_before;
+    assert!(
+        alive <= 2,
+        "one key held (a copy in its map, one in its ring), {} evicted while a panic \
+         unwound: {alive} copies of keys alive",
+        ROUNDS - 1
+    );
+    drop(keyed);
+}
+
+// ---------------------------------------------------------------------------
+// 7. A key whose `Drop` panics once as it is evicted leaves no copy of
+//    itself behind. (The ring's copy was leaked: memory grew with each.)
+// ---------------------------------------------------------------------------
+
+static ONCE_ALIVE: AtomicUsize = AtomicUsize::new(0);
+/// The id whose next drop panics (once).
+static ONCE_PANICS: AtomicU64 = AtomicU64::new(u64::MAX);
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct PanicsOnce(u64);
+
+impl PanicsOnce {
+    fn new(id: u64) -> Self {
+        ONCE_ALIVE.fetch_add(1, Ordering::SeqCst);
+        PanicsOnce(id)
+    }
+}
+
+impl Clone for PanicsOnce {
+    fn clone(&self) -> Self {
+        PanicsOnce::new(self.0)
+    }
+}
+
+impl Drop for PanicsOnce {
+    fn drop(&mut self) {
+        ONCE_ALIVE.fetch_sub(1, Ordering::SeqCst);
+        if !std::thread::panicking()
+            && ONCE_PANICS
+                .compare_exchange(self.0, u64::MAX, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            panic!("{QUIET} drop of key {}", self.0);
+        }
+    }
+}
+
+#[test]
+fn keys_whose_drop_panicked_once_as_they_were_evicted_leave_no_copies_behind() {
+    const ROUNDS: u64 = 1_000;
+    let keyed: KeyedBulkhead<PanicsOnce> =
+        KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(1));
+    let alive_before = ONCE_ALIVE.load(Ordering::SeqCst);
+    drop(
+        keyed
+            .try_acquire(&PanicsOnce::new(0))
+            .expect("room for one key"),
+    );
+    for id in 1..=ROUNDS {
+        // Key `id - 1`, idle, is evicted by key `id`: the first drop of a
+        // copy of it (the map's) panics, once.
+        let new = PanicsOnce::new(id);
+        ONCE_PANICS.store(id - 1, Ordering::SeqCst);
+        let evicting = quiet_panics(|| keyed.try_acquire(&new).map(drop));
+        assert!(
+            evicting.is_err(),
+            "round {id}: the evicted key's drop panicked"
+        );
+        ONCE_PANICS.store(u64::MAX, Ordering::SeqCst);
+        drop(keyed.try_acquire(&new).expect("the evicted key's place"));
+        drop(new);
+    }
+    assert_eq!(keyed.keys(), 1);
+    let alive = ONCE_ALIVE.load(Ordering::SeqCst) - alive_before;
+    assert!(
+        alive <= 2,
+        "one key held, {ROUNDS} evicted, each key's Drop panicking once: {alive} copies \
+         of keys alive"
+    );
+    drop(keyed);
+}
+
+// ---------------------------------------------------------------------------
+// 8. A keyed bulkhead dropped while it holds a key whose `Drop` panics each
+//    time panics, and does not abort the process. (The ring's copy was
+//    dropped as the map's copy's panic unwound: a second panic, an abort.)
+//    Run in a child process, which an abort would end.
+// ---------------------------------------------------------------------------
+
+static ALWAYS_ARMED: AtomicBool = AtomicBool::new(false);
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PanicsEveryTime(u64);
+
+impl Drop for PanicsEveryTime {
+    fn drop(&mut self) {
+        if ALWAYS_ARMED.load(Ordering::SeqCst) && self.0 == 7 {
+            panic!("{QUIET} drop of key {}", self.0);
+        }
+    }
+}
+
+const CHILD: &str = "KEYED_PANICKING_KEYS_CHILD";
+
+#[test]
+fn dropping_a_keyed_bulkhead_with_a_key_whose_drop_panics_does_not_abort() {
+    let name = "dropping_a_keyed_bulkhead_with_a_key_whose_drop_panics_does_not_abort";
+    if std::env::var_os(CHILD).is_some() {
+        let keyed: KeyedBulkhead<PanicsEveryTime> =
+            KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(1));
+        drop(
+            keyed
+                .try_acquire(&PanicsEveryTime(7))
+                .expect("room for one key"),
+        );
+        ALWAYS_ARMED.store(true, Ordering::SeqCst);
+        // The key's `Drop` panics: the panic is the caller's to catch, as
+        // an eviction's is; the process must live on.
+        let dropped = quiet_panics(move || drop(keyed));
+        ALWAYS_ARMED.store(false, Ordering::SeqCst);
+        assert!(dropped.is_err(), "the key's Drop panicked");
+        return;
+    }
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--test-threads=1", "--nocapture"])
+        .env(CHILD, "1")
+        .output()
+        .expect("the child runs");
+    assert!(
+        output.status.success(),
+        "dropping a keyed bulkhead that holds a key whose Drop panics each time: the \
+         child process ended {:?}; stderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
