@@ -14,7 +14,7 @@
 use std::hash::{Hash, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Once, OnceLock};
+use std::sync::{Mutex, Once, OnceLock};
 use std::time::Duration;
 use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig, KeyedPermit};
 use tower_inflight::{Config, ShedReason};
@@ -651,35 +651,302 @@ impl Drop for PanicsEveryTime {
 
 const CHILD: &str = "KEYED_PANICKING_KEYS_CHILD";
 
-#[test]
-fn dropping_a_keyed_bulkhead_with_a_key_whose_drop_panics_does_not_abort() {
-    let name = "dropping_a_keyed_bulkhead_with_a_key_whose_drop_panics_does_not_abort";
-    if std::env::var_os(CHILD).is_some() {
-        let keyed: KeyedBulkhead<PanicsEveryTime> =
-            KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(1));
-        drop(
-            keyed
-                .try_acquire(&PanicsEveryTime(7))
-                .expect("room for one key"),
-        );
-        ALWAYS_ARMED.store(true, Ordering::SeqCst);
-        // The key's `Drop` panics: the panic is the caller's to catch, as
-        // an eviction's is; the process must live on.
-        let dropped = quiet_panics(move || drop(keyed));
-        ALWAYS_ARMED.store(false, Ordering::SeqCst);
-        assert!(dropped.is_err(), "the key's Drop panicked");
-        return;
-    }
+/// Runs the test `name` alone in a child process (with `CHILD` set to its
+/// name) and asserts that it ended well: an abort ends it with a signal.
+fn in_child(name: &str, what: &str) {
     let output = std::process::Command::new(std::env::current_exe().unwrap())
         .args([name, "--exact", "--test-threads=1", "--nocapture"])
-        .env(CHILD, "1")
+        .env(CHILD, name)
         .output()
         .expect("the child runs");
     assert!(
         output.status.success(),
-        "dropping a keyed bulkhead that holds a key whose Drop panics each time: the \
-         child process ended {:?}; stderr:\n{}",
+        "{what}: the child process ended {:?}; stderr:\n{}",
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// Whether this process is the child that runs the test `name`.
+fn is_child(name: &str) -> bool {
+    std::env::var_os(CHILD).is_some_and(|child| child == name)
+}
+
+#[test]
+fn dropping_a_keyed_bulkhead_with_a_key_whose_drop_panics_does_not_abort() {
+    let name = "dropping_a_keyed_bulkhead_with_a_key_whose_drop_panics_does_not_abort";
+    if !is_child(name) {
+        return in_child(
+            name,
+            "dropping a keyed bulkhead that holds a key whose Drop panics each time",
+        );
+    }
+    let keyed: KeyedBulkhead<PanicsEveryTime> =
+        KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(1));
+    drop(
+        keyed
+            .try_acquire(&PanicsEveryTime(7))
+            .expect("room for one key"),
+    );
+    ALWAYS_ARMED.store(true, Ordering::SeqCst);
+    // The key's `Drop` panics: the panic is the caller's to catch, as an
+    // eviction's is; the process lives on.
+    let dropped = quiet_panics(move || drop(keyed));
+    ALWAYS_ARMED.store(false, Ordering::SeqCst);
+    assert!(dropped.is_err(), "the key's Drop panicked");
+}
+
+// ---------------------------------------------------------------------------
+// 9. A keyed bulkhead of two maps, each with a key whose `Drop` panics once,
+//    dropped: no abort. (The first map's panic went on, and the second map,
+//    dropped as it unwound, raised its own key's caught panic again.)
+// ---------------------------------------------------------------------------
+
+/// Ids whose next drop panics (each once).
+static ARMED_IDS: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PanicsOncePerId(u64);
+
+impl Drop for PanicsOncePerId {
+    fn drop(&mut self) {
+        let armed = {
+            let mut ids = ARMED_IDS.lock().unwrap_or_else(|e| e.into_inner());
+            match ids.iter().position(|&id| id == self.0) {
+                Some(at) => {
+                    ids.swap_remove(at);
+                    true
+                }
+                None => false,
+            }
+        };
+        if armed {
+            panic!("{QUIET} drop of key {}", self.0);
+        }
+    }
+}
+
+#[test]
+fn dropping_a_keyed_bulkhead_of_two_shards_each_with_a_key_whose_drop_panics_once_does_not_abort() {
+    let name =
+        "dropping_a_keyed_bulkhead_of_two_shards_each_with_a_key_whose_drop_panics_once_does_not_abort";
+    if !is_child(name) {
+        return in_child(
+            name,
+            "dropping a keyed bulkhead of two shards, one key in each whose Drop panics once",
+        );
+    }
+    let keyed: KeyedBulkhead<PanicsOncePerId> =
+        KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(128));
+    let in_0 = (0..).find(|&id| shard_of(id, 1) == 0).unwrap();
+    let in_1 = (0..).find(|&id| shard_of(id, 1) == 1).unwrap();
+    for id in [in_0, in_1] {
+        drop(
+            keyed
+                .try_acquire(&PanicsOncePerId(id))
+                .expect("room for two keys"),
+        );
+    }
+    assert_eq!(keyed.keys(), 2);
+    ARMED_IDS.lock().unwrap().extend([in_0, in_1]);
+    let dropped = quiet_panics(move || drop(keyed));
+    assert!(dropped.is_err(), "the keys' Drop panicked");
+}
+
+// ---------------------------------------------------------------------------
+// 10. A keyed bulkhead dropped as one key's `Drop` panics (once) leaves no
+//     copy of the other keys behind. (A map whose key's `Drop` panicked
+//     stopped dropping the rest, and leaked them with its table.)
+// ---------------------------------------------------------------------------
+
+/// Copies of `CountedPanicsOnce` alive.
+static ONCE_COUNTED_ALIVE: AtomicUsize = AtomicUsize::new(0);
+/// The next drop of any `Counted` panics, once.
+static NEXT_DROP_PANICS: AtomicBool = AtomicBool::new(false);
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct CountedPanicsOnce(u64);
+
+impl CountedPanicsOnce {
+    fn new(id: u64) -> Self {
+        ONCE_COUNTED_ALIVE.fetch_add(1, Ordering::SeqCst);
+        CountedPanicsOnce(id)
+    }
+}
+
+impl Clone for CountedPanicsOnce {
+    fn clone(&self) -> Self {
+        CountedPanicsOnce::new(self.0)
+    }
+}
+
+impl Drop for CountedPanicsOnce {
+    fn drop(&mut self) {
+        ONCE_COUNTED_ALIVE.fetch_sub(1, Ordering::SeqCst);
+        if NEXT_DROP_PANICS.swap(false, Ordering::SeqCst) {
+            panic!("{QUIET} drop of key {}", self.0);
+        }
+    }
+}
+
+#[test]
+fn a_keyed_bulkhead_dropped_as_one_key_s_drop_panics_leaves_no_copy_of_the_others() {
+    const KEYS: u64 = 16;
+    // One shard: every key in one map and one ring.
+    let keyed: KeyedBulkhead<CountedPanicsOnce> =
+        KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(64));
+    let alive_before = ONCE_COUNTED_ALIVE.load(Ordering::SeqCst);
+    for id in 0..KEYS {
+        let key = CountedPanicsOnce::new(id);
+        drop(keyed.try_acquire(&key).expect("room for the keys"));
+        drop(key);
+    }
+    assert_eq!(keyed.keys(), KEYS as usize);
+    assert_eq!(
+        ONCE_COUNTED_ALIVE.load(Ordering::SeqCst) - alive_before,
+        2 * KEYS as usize,
+        "two copies of each key held"
+    );
+    // The first copy dropped (one key's, in the map) panics; none after.
+    NEXT_DROP_PANICS.store(true, Ordering::SeqCst);
+    let dropped = quiet_panics(move || drop(keyed));
+    NEXT_DROP_PANICS.store(false, Ordering::SeqCst);
+    assert!(dropped.is_err(), "a key's Drop panicked");
+    let alive = ONCE_COUNTED_ALIVE.load(Ordering::SeqCst) - alive_before;
+    assert_eq!(
+        alive, 0,
+        "the keyed bulkhead is dropped, one key's Drop having panicked once: {alive} copies \
+         of keys are still alive (leaked)"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 11. An eviction made as a panic unwinds, of a key whose `Drop` panics
+//     once, does not abort the process. (The key's panic, caught, was
+//     raised again out of a destructor run as the first panic unwound.)
+// ---------------------------------------------------------------------------
+
+/// Calls the keyed bulkhead with a new key as it is dropped (here, as a
+/// panic unwinds).
+struct CallsOnDropOnce<'a> {
+    keyed: &'a KeyedBulkhead<PanicsOncePerId>,
+    id: u64,
+}
+
+impl Drop for CallsOnDropOnce<'_> {
+    fn drop(&mut self) {
+        let _ = self.keyed.try_acquire(&PanicsOncePerId(self.id));
+    }
+}
+
+#[test]
+fn evicting_a_key_whose_drop_panics_once_as_a_panic_unwinds_does_not_abort() {
+    let name = "evicting_a_key_whose_drop_panics_once_as_a_panic_unwinds_does_not_abort";
+    if !is_child(name) {
+        return in_child(
+            name,
+            "a key whose Drop panics once, evicted by a call made as a panic unwinds",
+        );
+    }
+    let keyed: KeyedBulkhead<PanicsOncePerId> =
+        KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(1));
+    drop(
+        keyed
+            .try_acquire(&PanicsOncePerId(1_000))
+            .expect("room for one key"),
+    );
+    ARMED_IDS.lock().unwrap().push(1_000);
+    let unwound = quiet_panics(|| {
+        // Key 2,000 evicts key 1,000, idle, as this panic unwinds.
+        let _calls = CallsOnDropOnce {
+            keyed: &keyed,
+            id: 2_000,
+        };
+        panic!("{QUIET} a panic, unrelated to the keys");
+    });
+    assert!(unwound.is_err());
+    assert!(keyed.keys() <= 1);
+    drop(keyed);
+}
+
+// ---------------------------------------------------------------------------
+// 12. A metrics recorder that panics as an evicted key's bulkhead reports
+//     its reset, the key's `Drop` panicking once too: no abort. (The key's
+//     copies were dropped as the recorder's panic unwound.)
+// ---------------------------------------------------------------------------
+
+#[cfg(feature = "metrics")]
+mod panicky_recorder {
+    use super::QUIET;
+    use metrics::{Counter, Gauge, GaugeFn, Histogram, Key, KeyName, Metadata, Recorder};
+    use metrics::{SharedString, Unit};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    /// While set, every gauge of `PanickyRecorder` panics as it is set.
+    pub(super) static GAUGES_PANIC: AtomicBool = AtomicBool::new(false);
+
+    pub(super) struct PanickyRecorder;
+
+    struct PanickyGauge;
+
+    impl GaugeFn for PanickyGauge {
+        fn increment(&self, _: f64) {}
+        fn decrement(&self, _: f64) {}
+        fn set(&self, _: f64) {
+            if GAUGES_PANIC.load(Ordering::SeqCst) {
+                panic!("{QUIET} a gauge set");
+            }
+        }
+    }
+
+    impl Recorder for PanickyRecorder {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::noop()
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::from_arc(Arc::new(PanickyGauge))
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+}
+
+#[cfg(feature = "metrics")]
+#[test]
+fn a_recorder_panicking_in_an_evicted_key_s_reset_does_not_drop_its_copies_while_unwinding() {
+    use panicky_recorder::{PanickyRecorder, GAUGES_PANIC};
+    let name =
+        "a_recorder_panicking_in_an_evicted_key_s_reset_does_not_drop_its_copies_while_unwinding";
+    if !is_child(name) {
+        return in_child(
+            name,
+            "a key whose Drop panics once, evicted with a leaked slot whose reset's report panics",
+        );
+    }
+    let clock = tower_inflight::ManualClock::new();
+    let keyed: KeyedBulkhead<PanicsOncePerId> = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, LONG).clock(clock.clone()))
+            .metrics_per_key(|key: &PanicsOncePerId| Some(format!("key-{}", key.0)))
+            .max_keys(1),
+    );
+    // Key 3,000 reports to the panicking recorder; its permit is leaked.
+    let leaked = metrics::with_local_recorder(&PanickyRecorder, || {
+        keyed.try_acquire(&PanicsOncePerId(3_000))
+    })
+    .expect("room for one key");
+    std::mem::forget(leaked);
+    // Its slot is reclaimable: it may be evicted, and is reset as it is.
+    clock.advance(LONG + Duration::from_secs(1));
+    ARMED_IDS.lock().unwrap().push(3_000);
+    GAUGES_PANIC.store(true, Ordering::SeqCst);
+    let evicting = quiet_panics(|| keyed.try_acquire(&PanicsOncePerId(4_000)).map(drop));
+    GAUGES_PANIC.store(false, Ordering::SeqCst);
+    assert!(evicting.is_err(), "the reset's report panicked");
+    assert_eq!(keyed.keys(), 0, "key 3,000 evicted, key 4,000 not made");
+    drop(keyed);
 }

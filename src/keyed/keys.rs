@@ -181,11 +181,16 @@ struct Map<K> {
 
 impl<K> Drop for Map<K> {
     fn drop(&mut self) {
-        // Each key's two copies, apart (see `drop_both`).
-        drop_both(
-            std::mem::take(&mut self.entries),
-            std::mem::take(&mut self.ring),
-        );
+        // Every copy of every key apart (see `FirstPanic`): a map's own
+        // drop stops at the first that panics, and leaks the rest.
+        let mut panics = FirstPanic::default();
+        for key_and_entry in self.entries.drain() {
+            panics.drop_apart(key_and_entry);
+        }
+        for key in self.ring.drain(..) {
+            panics.drop_apart(key);
+        }
+        panics.resume();
     }
 }
 
@@ -729,10 +734,21 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         // were a `Drop` to panic, it would not go back.
         let in_ring = aside.key.take();
         drop(aside);
-        let place = self.count_out(entry);
+        let place = self.count_out();
+        // Each part of the teardown runs whatever the others do: a key's
+        // `Drop` that panics, or a metrics recorder, panics once all are
+        // done, and the place goes back as it unwinds.
+        let mut panics = FirstPanic::default();
+        panics.drop_apart(in_map);
+        panics.drop_apart(in_ring);
+        // Slots still held are past their deadlines (leaked): forgotten,
+        // so that a key that reports metrics shows none in flight.
+        if entry.bulkhead.in_flight() > 0 {
+            panics.run(|| entry.bulkhead.reset());
+        }
+        panics.drop_apart(entry);
         map.give_back_room();
-        // A key's `Drop` that panics gives the place back as it unwinds.
-        drop_both(in_map, in_ring);
+        panics.resume();
         Some(place)
     }
 
@@ -758,20 +774,11 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         entry.bulkhead.is_unshared() || entry.bulkhead.reclaimable_since(last_taken)
     }
 
-    /// Counts out a key taken out of its map, whose `entry` is dropped
-    /// here: its place is the caller's.
-    fn count_out(&self, entry: Entry) -> Place<'_, K> {
+    /// Counts out a key taken out of its map: its place is the caller's.
+    fn count_out(&self) -> Place<'_, K> {
         self.held.fetch_sub(1, Ordering::Relaxed);
         self.evicted.fetch_add(1, Ordering::Relaxed);
-        // Held before `reset`, which reports to a metrics recorder: if that
-        // panics, the place goes back.
-        let place = Place { keys: self };
-        // Slots still held are past their deadlines (leaked): forgotten,
-        // so that a key that reports metrics shows none in flight.
-        if entry.bulkhead.in_flight() > 0 {
-            entry.bulkhead.reset();
-        }
-        place
+        Place { keys: self }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -862,16 +869,35 @@ impl<K> Drop for Aside<'_, K> {
     }
 }
 
-/// Drops `first`, then `second`, each even if the other's `Drop` panics,
-/// and goes on with the first panic after both: the two copies of a key
-/// (the map's, the ring's), whose `Drop` may panic each time. Were the
-/// second dropped while the first's panic unwinds, a second panic would
-/// abort the process; leaked instead, memory would grow with each panic.
-fn drop_both<A, B>(first: A, second: B) {
-    let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(first)));
-    drop(second);
-    if let Err(panic) = first {
-        std::panic::resume_unwind(panic);
+/// The first panic of the parts of a teardown, held until all have run:
+/// the copies of keys (a key's `Drop` may panic each time, and the keyed
+/// bulkhead holds two copies of each). Were a part run while another's
+/// panic unwinds, a second panic would abort the process; were it skipped,
+/// its memory would be leaked.
+#[derive(Default)]
+struct FirstPanic(Option<Box<dyn std::any::Any + Send>>);
+
+impl FirstPanic {
+    /// Runs `part`, keeping its panic if it is the first.
+    fn run(&mut self, part: impl FnOnce()) {
+        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(part)) {
+            self.0.get_or_insert(panic);
+        }
+    }
+
+    fn drop_apart<T>(&mut self, value: T) {
+        self.run(move || drop(value));
+    }
+
+    /// Goes on with the first panic, unless a panic is unwinding already
+    /// (this runs in a destructor, then): raised there, it would abort the
+    /// process.
+    fn resume(self) {
+        if let Some(panic) = self.0 {
+            if !std::thread::panicking() {
+                std::panic::resume_unwind(panic);
+            }
+        }
     }
 }
 
