@@ -5,8 +5,8 @@
 //! and one call's work grow; a `Hash` that panicked as a map rehashed lost
 //! places; a `Drop` that panicked as its key was evicted lost its place,
 //! left the key in its ring, where, made again, it was twice, or, once
-//! that was fixed, leaked a copy of the key each time, or aborted the
-//! process as the keys were dropped).
+//! that was fixed, leaked a copy of the key each time, aborted the process
+//! as the keys were dropped, or was lost to a caller that caught it).
 //!
 //! `max_keys(128)` gives 2 shards, `max_keys(64)` one. The shard of a `u64`
 //! key among `1 << bits` is the top `bits` bits of `key * SEED`.
@@ -821,52 +821,71 @@ fn a_keyed_bulkhead_dropped_as_one_key_s_drop_panics_leaves_no_copy_of_the_other
 }
 
 // ---------------------------------------------------------------------------
-// 11. An eviction made as a panic unwinds, of a key whose `Drop` panics
-//     once, does not abort the process. (The key's panic, caught, was
-//     raised again out of a destructor run as the first panic unwound.)
+// 11. A call made as a panic unwinds (from a `Drop`), under its own
+//     `catch_unwind`, that evicts a key whose `Drop` panics sees that panic,
+//     as any call does. (It was lost: the call returned `Ok`.)
 // ---------------------------------------------------------------------------
 
-/// Calls the keyed bulkhead with a new key as it is dropped (here, as a
-/// panic unwinds).
-struct CallsOnDropOnce<'a> {
+struct CatchesOnDrop<'a> {
     keyed: &'a KeyedBulkhead<PanicsOncePerId>,
     id: u64,
+    /// Whether the caught call panicked.
+    seen: &'a Mutex<Option<bool>>,
 }
 
-impl Drop for CallsOnDropOnce<'_> {
+impl Drop for CatchesOnDrop<'_> {
     fn drop(&mut self) {
-        let _ = self.keyed.try_acquire(&PanicsOncePerId(self.id));
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            self.keyed.try_acquire(&PanicsOncePerId(self.id)).map(drop)
+        }));
+        *self.seen.lock().unwrap() = Some(result.is_err());
     }
 }
 
 #[test]
-fn evicting_a_key_whose_drop_panics_once_as_a_panic_unwinds_does_not_abort() {
-    let name = "evicting_a_key_whose_drop_panics_once_as_a_panic_unwinds_does_not_abort";
-    if !is_child(name) {
-        return in_child(
-            name,
-            "a key whose Drop panics once, evicted by a call made as a panic unwinds",
-        );
-    }
+fn a_drop_that_catches_the_panics_of_its_call_sees_an_evicted_key_s_drop_panic() {
     let keyed: KeyedBulkhead<PanicsOncePerId> =
         KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(1));
+    // Outside any unwinding, the call evicting a key whose Drop panics
+    // panics (the suite asserts it): the caller's to catch.
     drop(
         keyed
-            .try_acquire(&PanicsOncePerId(1_000))
+            .try_acquire(&PanicsOncePerId(10))
             .expect("room for one key"),
     );
-    ARMED_IDS.lock().unwrap().push(1_000);
+    ARMED_IDS.lock().unwrap().push(10);
+    let plain = quiet_panics(|| keyed.try_acquire(&PanicsOncePerId(20)).map(drop));
+    assert!(plain.is_err(), "the evicted key's Drop panicked");
+
+    // Now key 20 (made again) is idle; key 30's call, made from a Drop run
+    // as an unrelated panic unwinds, under that Drop's own catch_unwind,
+    // evicts it, and its Drop panics.
+    drop(
+        keyed
+            .try_acquire(&PanicsOncePerId(20))
+            .expect("a free place"),
+    );
+    ARMED_IDS.lock().unwrap().push(20);
+    let seen = Mutex::new(None);
     let unwound = quiet_panics(|| {
-        // Key 2,000 evicts key 1,000, idle, as this panic unwinds.
-        let _calls = CallsOnDropOnce {
+        let _catches = CatchesOnDrop {
             keyed: &keyed,
-            id: 2_000,
+            id: 30,
+            seen: &seen,
         };
         panic!("{QUIET} a panic, unrelated to the keys");
     });
+    ARMED_IDS.lock().unwrap().clear();
     assert!(unwound.is_err());
-    assert!(keyed.keys() <= 1);
-    drop(keyed);
+    let seen = seen.lock().unwrap().expect("the Drop ran");
+    assert!(
+        seen,
+        "a call that evicted a key whose Drop panicked, made inside catch_unwind from a \
+         Drop run as a panic unwound, returned Ok: the key's panic was lost (keys {}, \
+         evicted {})",
+        keyed.keys(),
+        keyed.status(0).evicted
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -949,4 +968,84 @@ fn a_recorder_panicking_in_an_evicted_key_s_reset_does_not_drop_its_copies_while
     assert!(evicting.is_err(), "the reset's report panicked");
     assert_eq!(keyed.keys(), 0, "key 3,000 evicted, key 4,000 not made");
     drop(keyed);
+}
+
+// ---------------------------------------------------------------------------
+// 13. A keyed bulkhead dropped with a key whose `Drop` panics once and a
+//     metrics gauge of that key's bulkhead whose `Drop` panics once: no
+//     abort. (The key and its entry were dropped as one part: the entry, as
+//     the key's panic unwound.)
+// ---------------------------------------------------------------------------
+
+#[cfg(feature = "metrics")]
+mod drop_panicky_recorder {
+    use super::QUIET;
+    use metrics::{Counter, Gauge, GaugeFn, Histogram, Key, KeyName, Metadata, Recorder};
+    use metrics::{SharedString, Unit};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    /// While set, the next gauge dropped panics (once).
+    pub(super) static NEXT_GAUGE_DROP_PANICS: AtomicBool = AtomicBool::new(false);
+
+    pub(super) struct DropPanickyRecorder;
+
+    struct DropPanickyGauge;
+
+    impl GaugeFn for DropPanickyGauge {
+        fn increment(&self, _: f64) {}
+        fn decrement(&self, _: f64) {}
+        fn set(&self, _: f64) {}
+    }
+
+    impl Drop for DropPanickyGauge {
+        fn drop(&mut self) {
+            if NEXT_GAUGE_DROP_PANICS.swap(false, Ordering::SeqCst) {
+                panic!("{QUIET} a gauge dropped");
+            }
+        }
+    }
+
+    impl Recorder for DropPanickyRecorder {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::noop()
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::from_arc(Arc::new(DropPanickyGauge))
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+}
+
+#[cfg(feature = "metrics")]
+#[test]
+fn dropping_a_keyed_bulkhead_whose_key_and_gauge_drops_each_panic_once_does_not_abort() {
+    use drop_panicky_recorder::{DropPanickyRecorder, NEXT_GAUGE_DROP_PANICS};
+    let name = "dropping_a_keyed_bulkhead_whose_key_and_gauge_drops_each_panic_once_does_not_abort";
+    if !is_child(name) {
+        return in_child(
+            name,
+            "a keyed bulkhead dropped with a key whose Drop panics once and a metrics gauge \
+             (of that key's bulkhead) whose Drop panics once",
+        );
+    }
+    let keyed: KeyedBulkhead<PanicsOncePerId> = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, LONG))
+            .metrics_per_key(|key: &PanicsOncePerId| Some(format!("key-{}", key.0)))
+            .max_keys(1),
+    );
+    metrics::with_local_recorder(&DropPanickyRecorder, || {
+        drop(keyed.try_acquire(&PanicsOncePerId(5_000)).expect("room"));
+    });
+    // Each part alone is caught and raised once the map is dropped; both
+    // together: the entry is dropped as the key's panic unwinds.
+    ARMED_IDS.lock().unwrap().push(5_000);
+    NEXT_GAUGE_DROP_PANICS.store(true, Ordering::SeqCst);
+    let dropped = quiet_panics(move || drop(keyed));
+    assert!(dropped.is_err(), "the key's Drop panicked");
 }

@@ -184,13 +184,14 @@ impl<K> Drop for Map<K> {
         // Every copy of every key apart (see `FirstPanic`): a map's own
         // drop stops at the first that panics, and leaks the rest.
         let mut panics = FirstPanic::default();
-        for key_and_entry in self.entries.drain() {
-            panics.drop_apart(key_and_entry);
+        for (key, entry) in self.entries.drain() {
+            panics.drop_apart(key);
+            panics.drop_apart(entry);
         }
         for key in self.ring.drain(..) {
             panics.drop_apart(key);
         }
-        panics.resume();
+        panics.resume_unless_unwinding();
     }
 }
 
@@ -889,14 +890,19 @@ impl FirstPanic {
         self.run(move || drop(value));
     }
 
-    /// Goes on with the first panic, unless a panic is unwinding already
-    /// (this runs in a destructor, then): raised there, it would abort the
-    /// process.
+    /// Goes on with the first panic, as a call would have raised it: a
+    /// caller that catches panics sees it.
     fn resume(self) {
         if let Some(panic) = self.0 {
-            if !std::thread::panicking() {
-                std::panic::resume_unwind(panic);
-            }
+            std::panic::resume_unwind(panic);
+        }
+    }
+
+    /// [`resume`](Self::resume), for a destructor: unless a panic is
+    /// unwinding already, when raising it here would abort the process.
+    fn resume_unless_unwinding(self) {
+        if !std::thread::panicking() {
+            self.resume();
         }
     }
 }
