@@ -6,7 +6,9 @@
 //! places; a `Drop` that panicked as its key was evicted lost its place,
 //! left the key in its ring, where, made again, it was twice, or, once
 //! that was fixed, leaked a copy of the key each time, aborted the process
-//! as the keys were dropped, or was lost to a caller that caught it).
+//! as the keys were dropped, or was lost to a caller that caught it). A
+//! keyed bulkhead being dropped drops every copy of every key, and a key's
+//! `Drop` that panics then goes no further than the panic hook.
 //!
 //! `max_keys(128)` gives 2 shards, `max_keys(64)` one. The shard of a `u64`
 //! key among `1 << bits` is the top `bits` bits of `key * SEED`.
@@ -689,11 +691,14 @@ fn dropping_a_keyed_bulkhead_with_a_key_whose_drop_panics_does_not_abort() {
             .expect("room for one key"),
     );
     ALWAYS_ARMED.store(true, Ordering::SeqCst);
-    // The key's `Drop` panics: the panic is the caller's to catch, as an
-    // eviction's is; the process lives on.
+    // The key's `Drop` panics as the keyed bulkhead is dropped: reported by
+    // the panic hook, and no further; the process lives on.
     let dropped = quiet_panics(move || drop(keyed));
     ALWAYS_ARMED.store(false, Ordering::SeqCst);
-    assert!(dropped.is_err(), "the key's Drop panicked");
+    assert!(
+        dropped.is_ok(),
+        "the key's Drop panicked, reported by the hook alone"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -750,7 +755,10 @@ fn dropping_a_keyed_bulkhead_of_two_shards_each_with_a_key_whose_drop_panics_onc
     assert_eq!(keyed.keys(), 2);
     ARMED_IDS.lock().unwrap().extend([in_0, in_1]);
     let dropped = quiet_panics(move || drop(keyed));
-    assert!(dropped.is_err(), "the keys' Drop panicked");
+    assert!(
+        dropped.is_ok(),
+        "the keys' Drop panicked, reported by the hook alone"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -811,7 +819,10 @@ fn a_keyed_bulkhead_dropped_as_one_key_s_drop_panics_leaves_no_copy_of_the_other
     NEXT_DROP_PANICS.store(true, Ordering::SeqCst);
     let dropped = quiet_panics(move || drop(keyed));
     NEXT_DROP_PANICS.store(false, Ordering::SeqCst);
-    assert!(dropped.is_err(), "a key's Drop panicked");
+    assert!(
+        dropped.is_ok(),
+        "a key's Drop panicked, reported by the hook alone"
+    );
     let alive = ONCE_COUNTED_ALIVE.load(Ordering::SeqCst) - alive_before;
     assert_eq!(
         alive, 0,
@@ -1042,10 +1053,50 @@ fn dropping_a_keyed_bulkhead_whose_key_and_gauge_drops_each_panic_once_does_not_
     metrics::with_local_recorder(&DropPanickyRecorder, || {
         drop(keyed.try_acquire(&PanicsOncePerId(5_000)).expect("room"));
     });
-    // Each part alone is caught and raised once the map is dropped; both
-    // together: the entry is dropped as the key's panic unwinds.
+    // Each part is dropped apart, and their panics go no further than the
+    // panic hook.
     ARMED_IDS.lock().unwrap().push(5_000);
     NEXT_GAUGE_DROP_PANICS.store(true, Ordering::SeqCst);
     let dropped = quiet_panics(move || drop(keyed));
-    assert!(dropped.is_err(), "the key's Drop panicked");
+    assert!(
+        dropped.is_ok(),
+        "the key's Drop panicked, reported by the hook alone"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 14. A keyed bulkhead with a ceiling, dropped with a key whose `Drop`
+//     panics once and a metrics gauge of the ceiling whose `Drop` panics
+//     once: no abort. (The key's panic, raised by its map's drop, unwound
+//     through the ceiling's drop.)
+// ---------------------------------------------------------------------------
+
+#[cfg(feature = "metrics")]
+#[test]
+fn dropping_a_keyed_bulkhead_whose_key_and_ceiling_gauge_drops_each_panic_once_does_not_abort() {
+    use drop_panicky_recorder::{DropPanickyRecorder, NEXT_GAUGE_DROP_PANICS};
+    let name =
+        "dropping_a_keyed_bulkhead_whose_key_and_ceiling_gauge_drops_each_panic_once_does_not_abort";
+    if !is_child(name) {
+        return in_child(
+            name,
+            "a keyed bulkhead dropped with a key whose Drop panics once and a ceiling whose \
+             metrics gauge's Drop panics once",
+        );
+    }
+    let keyed: KeyedBulkhead<PanicsOncePerId> =
+        metrics::with_local_recorder(&DropPanickyRecorder, || {
+            KeyedBulkhead::new(
+                KeyedConfig::new(Config::new(1, LONG))
+                    .ceiling(Config::new(4, LONG).name("ceiling"))
+                    .max_keys(1),
+            )
+        });
+    drop(keyed.try_acquire(&PanicsOncePerId(7)).expect("room"));
+    ARMED_IDS.lock().unwrap().push(7);
+    NEXT_GAUGE_DROP_PANICS.store(true, Ordering::SeqCst);
+    let dropped = quiet_panics(move || drop(keyed));
+    // The key's panic goes no further than the hook; the gauge's, raised
+    // by the ceiling's own drop, reaches the caller.
+    assert!(dropped.is_err(), "the ceiling's gauge's Drop panicked");
 }

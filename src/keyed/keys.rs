@@ -182,7 +182,12 @@ struct Map<K> {
 impl<K> Drop for Map<K> {
     fn drop(&mut self) {
         // Every copy of every key apart (see `FirstPanic`): a map's own
-        // drop stops at the first that panics, and leaks the rest.
+        // drop stops at the first that panics, and leaks the rest. Their
+        // panics, reported by the panic hook as they happen, go no further:
+        // raised here, one would unwind through the drop of all the keyed
+        // bulkhead holds besides (its other maps, its ceiling, the
+        // configuration's functions), where any other panic would abort the
+        // process.
         let mut panics = FirstPanic::default();
         for (key, entry) in self.entries.drain() {
             panics.drop_apart(key);
@@ -191,7 +196,7 @@ impl<K> Drop for Map<K> {
         for key in self.ring.drain(..) {
             panics.drop_apart(key);
         }
-        panics.resume_unless_unwinding();
+        panics.ignore();
     }
 }
 
@@ -898,12 +903,10 @@ impl FirstPanic {
         }
     }
 
-    /// [`resume`](Self::resume), for a destructor: unless a panic is
-    /// unwinding already, when raising it here would abort the process.
-    fn resume_unless_unwinding(self) {
-        if !std::thread::panicking() {
-            self.resume();
-        }
+    /// Lets the first panic go, for a teardown that must finish: it was
+    /// reported by the panic hook as it happened.
+    fn ignore(self) {
+        drop(self.0);
     }
 }
 
