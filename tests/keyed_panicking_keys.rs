@@ -1100,3 +1100,64 @@ fn dropping_a_keyed_bulkhead_whose_key_and_ceiling_gauge_drops_each_panic_once_d
     // by the ceiling's own drop, reaches the caller.
     assert!(dropped.is_err(), "the ceiling's gauge's Drop panicked");
 }
+
+// ---------------------------------------------------------------------------
+// 15. A caller whose place was taken while it made its key searches again
+//     and evicts a key whose `Drop` panics: the entry it made, whose metrics
+//     gauge panics as it is dropped, is dropped apart, and the process lives
+//     on. (It was dropped as the key's panic unwound: an abort.)
+// ---------------------------------------------------------------------------
+
+#[cfg(feature = "metrics")]
+static KEYED_OF_X: OnceLock<KeyedBulkhead<PanicsOncePerId>> = OnceLock::new();
+#[cfg(feature = "metrics")]
+static FIRST_WEIGHT_OF_X: AtomicBool = AtomicBool::new(true);
+
+#[cfg(feature = "metrics")]
+const X: u64 = 1;
+#[cfg(feature = "metrics")]
+const Y: u64 = 2;
+
+/// Runs as the outer call makes key X's entry (after X's bulkhead, with
+/// its gauges, is built): a second caller of X takes X's place and puts X
+/// in; X is evicted by a new key Y, whose `Drop` is then armed.
+#[cfg(feature = "metrics")]
+fn weight_of_x(key: &PanicsOncePerId) -> usize {
+    if key.0 == X && FIRST_WEIGHT_OF_X.swap(false, Ordering::SeqCst) {
+        let keyed = KEYED_OF_X.get().expect("set");
+        drop(keyed.try_acquire(&PanicsOncePerId(X)).expect("B puts X in"));
+        drop(keyed.try_acquire(&PanicsOncePerId(Y)).expect("Y evicts X"));
+        assert_eq!(keyed.status(0).evicted, 1);
+        ARMED_IDS.lock().unwrap().push(Y);
+        drop_panicky_recorder::NEXT_GAUGE_DROP_PANICS.store(true, Ordering::SeqCst);
+    }
+    1
+}
+
+#[cfg(feature = "metrics")]
+#[test]
+fn an_eviction_s_panic_in_insert_s_second_search_drops_the_made_entry_without_abort() {
+    use drop_panicky_recorder::DropPanickyRecorder;
+    let name = "an_eviction_s_panic_in_insert_s_second_search_drops_the_made_entry_without_abort";
+    if !is_child(name) {
+        return in_child(
+            name,
+            "a new key whose place was taken while it was made evicts a key whose Drop panics; \
+             its own entry (a gauge whose Drop panics) is dropped as that panic unwinds",
+        );
+    }
+    let keyed: KeyedBulkhead<PanicsOncePerId> = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, LONG))
+            .metrics_per_key(|key: &PanicsOncePerId| (key.0 == X).then(|| "key-x".to_owned()))
+            .weight_per_key(weight_of_x)
+            .max_keys(1),
+    );
+    assert!(KEYED_OF_X.set(keyed.clone()).is_ok());
+    let call = quiet_panics(|| {
+        metrics::with_local_recorder(&DropPanickyRecorder, || {
+            keyed.try_acquire(&PanicsOncePerId(X)).map(drop)
+        })
+    });
+    // Reached only if the process did not abort.
+    assert!(call.is_err(), "Y's Drop panicked as X evicted it");
+}
