@@ -436,10 +436,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         };
         // Made outside the lock: a key with a large limit takes a while to
         // build, and the limit functions may look at this keyed bulkhead.
-        // Dropped apart if a panic (a key's `Eq`, or `Drop` in an eviction
-        // below) unwinds as it goes: its bulkhead's metrics handles may
-        // panic as they are dropped too.
-        let entry = ApartIfUnwinding(Some(self.make_entry(key)));
+        let entry = self.make_entry(key);
         let mut map = write(shard);
         if let Some(maker) = maker {
             maker.done();
@@ -502,7 +499,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         // The map runs no `Hash` of a key's (see `hashed`), and a key's
         // `Eq` that panics as it goes in leaves nothing in.
         map.reserve_one();
-        map.entries.insert(in_map, entry.into_inner());
+        map.entries.insert(in_map, entry);
         // Relaxed: a count; the key itself is published by the lock.
         self.held.fetch_add(1, Ordering::Relaxed);
         map.ring.push_back(in_ring);
@@ -910,34 +907,6 @@ impl FirstPanic {
     /// reported by the panic hook as it happened.
     fn ignore(self) {
         drop(self.0);
-    }
-}
-
-/// A value dropped apart, its panic caught, if a panic unwinds as it is
-/// dropped: were its own `Drop` to panic then, the process would abort.
-struct ApartIfUnwinding<T>(Option<T>);
-
-impl<T> ApartIfUnwinding<T> {
-    fn into_inner(mut self) -> T {
-        self.0.take().expect("taken only here")
-    }
-}
-
-impl<T> std::ops::Deref for ApartIfUnwinding<T> {
-    type Target = T;
-
-    fn deref(&self) -> &T {
-        self.0.as_ref().expect("taken only by into_inner")
-    }
-}
-
-impl<T> Drop for ApartIfUnwinding<T> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            let mut panics = FirstPanic::default();
-            panics.drop_apart(self.0.take());
-            panics.ignore();
-        }
     }
 }
 
