@@ -916,6 +916,9 @@ mod panicky_recorder {
     /// While set, every gauge of `PanickyRecorder` panics as it is set.
     pub(super) static GAUGES_PANIC: AtomicBool = AtomicBool::new(false);
 
+    /// While set, the next gauge of `PanickyRecorder` dropped panics (once).
+    pub(super) static NEXT_GAUGE_DROP_PANICS: AtomicBool = AtomicBool::new(false);
+
     pub(super) struct PanickyRecorder;
 
     struct PanickyGauge;
@@ -926,6 +929,14 @@ mod panicky_recorder {
         fn set(&self, _: f64) {
             if GAUGES_PANIC.load(Ordering::SeqCst) {
                 panic!("{QUIET} a gauge set");
+            }
+        }
+    }
+
+    impl Drop for PanickyGauge {
+        fn drop(&mut self) {
+            if NEXT_GAUGE_DROP_PANICS.swap(false, Ordering::SeqCst) {
+                panic!("{QUIET} a gauge dropped");
             }
         }
     }
@@ -989,54 +1000,9 @@ fn a_recorder_panicking_in_an_evicted_key_s_reset_does_not_drop_its_copies_while
 // ---------------------------------------------------------------------------
 
 #[cfg(feature = "metrics")]
-mod drop_panicky_recorder {
-    use super::QUIET;
-    use metrics::{Counter, Gauge, GaugeFn, Histogram, Key, KeyName, Metadata, Recorder};
-    use metrics::{SharedString, Unit};
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
-
-    /// While set, the next gauge dropped panics (once).
-    pub(super) static NEXT_GAUGE_DROP_PANICS: AtomicBool = AtomicBool::new(false);
-
-    pub(super) struct DropPanickyRecorder;
-
-    struct DropPanickyGauge;
-
-    impl GaugeFn for DropPanickyGauge {
-        fn increment(&self, _: f64) {}
-        fn decrement(&self, _: f64) {}
-        fn set(&self, _: f64) {}
-    }
-
-    impl Drop for DropPanickyGauge {
-        fn drop(&mut self) {
-            if NEXT_GAUGE_DROP_PANICS.swap(false, Ordering::SeqCst) {
-                panic!("{QUIET} a gauge dropped");
-            }
-        }
-    }
-
-    impl Recorder for DropPanickyRecorder {
-        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
-            Counter::noop()
-        }
-        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
-            Gauge::from_arc(Arc::new(DropPanickyGauge))
-        }
-        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
-            Histogram::noop()
-        }
-    }
-}
-
-#[cfg(feature = "metrics")]
 #[test]
 fn dropping_a_keyed_bulkhead_whose_key_and_gauge_drops_each_panic_once_does_not_abort() {
-    use drop_panicky_recorder::{DropPanickyRecorder, NEXT_GAUGE_DROP_PANICS};
+    use panicky_recorder::{PanickyRecorder, NEXT_GAUGE_DROP_PANICS};
     let name = "dropping_a_keyed_bulkhead_whose_key_and_gauge_drops_each_panic_once_does_not_abort";
     if !is_child(name) {
         return in_child(
@@ -1050,7 +1016,7 @@ fn dropping_a_keyed_bulkhead_whose_key_and_gauge_drops_each_panic_once_does_not_
             .metrics_per_key(|key: &PanicsOncePerId| Some(format!("key-{}", key.0)))
             .max_keys(1),
     );
-    metrics::with_local_recorder(&DropPanickyRecorder, || {
+    metrics::with_local_recorder(&PanickyRecorder, || {
         drop(keyed.try_acquire(&PanicsOncePerId(5_000)).expect("room"));
     });
     // Each part is dropped apart, and their panics go no further than the
@@ -1074,7 +1040,7 @@ fn dropping_a_keyed_bulkhead_whose_key_and_gauge_drops_each_panic_once_does_not_
 #[cfg(feature = "metrics")]
 #[test]
 fn dropping_a_keyed_bulkhead_whose_key_and_ceiling_gauge_drops_each_panic_once_does_not_abort() {
-    use drop_panicky_recorder::{DropPanickyRecorder, NEXT_GAUGE_DROP_PANICS};
+    use panicky_recorder::{PanickyRecorder, NEXT_GAUGE_DROP_PANICS};
     let name =
         "dropping_a_keyed_bulkhead_whose_key_and_ceiling_gauge_drops_each_panic_once_does_not_abort";
     if !is_child(name) {
@@ -1085,7 +1051,7 @@ fn dropping_a_keyed_bulkhead_whose_key_and_ceiling_gauge_drops_each_panic_once_d
         );
     }
     let keyed: KeyedBulkhead<PanicsOncePerId> =
-        metrics::with_local_recorder(&DropPanickyRecorder, || {
+        metrics::with_local_recorder(&PanickyRecorder, || {
             KeyedBulkhead::new(
                 KeyedConfig::new(Config::new(1, LONG))
                     .ceiling(Config::new(4, LONG).name("ceiling"))
