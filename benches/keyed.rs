@@ -10,9 +10,11 @@
 //! A third group makes the same calls on two threads at once, each its own
 //! keys: what the keys' locks cost when cores meet on them.
 //!
-//! The last groups send a flood of new keys while every key of 1,000 or
+//! The flood groups send a flood of new keys while every key of 1,000 or
 //! 10,000 is busy: each call is shed `TooManyKeys`, beside a plain bulkhead's
-//! refusal of a call when all its slots are held.
+//! refusal of a call when all its slots are held. The last group makes calls
+//! of existing keys on one thread, alone and while a second thread floods
+//! the keyed bulkhead with new keys.
 //!
 //! Run with `cargo bench --bench keyed`.
 
@@ -185,6 +187,52 @@ fn new_key_shed(c: &mut Criterion, group: &str, max_keys: u64) {
     group.finish();
 }
 
+/// Calls of 16 existing keys of 1,000, every key holding a slot of its 25:
+/// alone, and while a second thread sends a new key each call, each shed.
+fn calls_during_a_flood(c: &mut Criterion, group: &str) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const KEYS: u64 = 1_000;
+    let mut group = c.benchmark_group(group);
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(LIMIT, RECLAIM_AFTER)).max_keys(KEYS as usize),
+    );
+    let _held: Vec<_> = (0..KEYS)
+        .map(|key| keyed.try_acquire(&key).unwrap())
+        .collect();
+    let calls = |iterations: u64| {
+        let start = std::time::Instant::now();
+        for call in 0..iterations {
+            black_box(black_box(&keyed).try_acquire(&(call % 16)).is_ok());
+        }
+        start.elapsed()
+    };
+    group.bench_function("alone", |b| b.iter_custom(calls));
+    let next_new_key = AtomicU64::new(KEYS);
+    group.bench_function("while_flooded", |b| {
+        b.iter_custom(|iterations| {
+            let flooding = AtomicBool::new(true);
+            let shed = AtomicU64::new(0);
+            std::thread::scope(|scope| {
+                scope.spawn(|| {
+                    while flooding.load(Ordering::Relaxed) {
+                        let key = next_new_key.fetch_add(1, Ordering::Relaxed);
+                        black_box(keyed.try_acquire(&key).is_err());
+                        shed.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+                // Timed once the flood is under way.
+                while shed.load(Ordering::Relaxed) < 100 {
+                    std::hint::spin_loop();
+                }
+                let elapsed = calls(iterations);
+                flooding.store(false, Ordering::Relaxed);
+                elapsed
+            })
+        })
+    });
+    group.finish();
+}
+
 // What `criterion_group!` expands to, written out because the macro's
 // `pub fn` trips the crate's `missing_docs` lint.
 fn benches() {
@@ -194,6 +242,7 @@ fn benches() {
     try_acquire_drop_on_two_threads(&mut criterion, "keyed_try_acquire_drop_two_threads_8_calls");
     new_key_shed(&mut criterion, "keyed_flood_of_new_keys_1000_busy", 1_000);
     new_key_shed(&mut criterion, "keyed_flood_of_new_keys_10000_busy", 10_000);
+    calls_during_a_flood(&mut criterion, "keyed_calls_during_a_flood_of_new_keys");
 }
 
 criterion_main!(benches);
