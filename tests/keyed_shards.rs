@@ -480,6 +480,20 @@ fn keyed_on(clock: &ManualClock, max_keys: usize) -> KeyedBulkhead<u64> {
     )
 }
 
+/// `keyed`, of `max_keys(200)` (2 maps), filled: 136 keys busy in map 0
+/// (their slots, each of which may be let go) and 64 in map 1; and `new`
+/// new keys of map 0.
+fn every_key_busy_over_two_maps(
+    keyed: &KeyedBulkhead<u64>,
+    new: usize,
+) -> (Vec<Option<KeyedPermit>>, Vec<KeyedPermit>, Vec<u64>) {
+    let mut taken = 1_000;
+    let ids = fresh_ids_in(0, 1, 136, &mut taken);
+    let map0 = busy(keyed, &ids).into_iter().map(Some).collect();
+    let map1 = busy(keyed, &fresh_ids_in(1, 1, 64, &mut taken));
+    (map0, map1, fresh_ids_in(0, 1, new, &mut taken))
+}
+
 /// Every key busy, 64 in each map: a new key of map 0 is shed. Then every
 /// key of map 1 goes idle, and new keys of map 0 come one every half a
 /// millisecond, so that every search is a short one: one of them finds the
@@ -543,12 +557,7 @@ fn on_a_clock_at_its_last_tick_searches_stay_full() {
     let clock = ManualClock::new();
     clock.advance(Duration::MAX);
     let keyed = keyed_on(&clock, 200);
-    // `max_keys(200)` gives 2 maps: 136 keys in map 0, 64 in map 1.
-    let mut taken = 1_000;
-    let ids = fresh_ids_in(0, 1, 136, &mut taken);
-    let mut held: Vec<Option<KeyedPermit>> = busy(&keyed, &ids).into_iter().map(Some).collect();
-    let others = busy(&keyed, &fresh_ids_in(1, 1, 64, &mut taken));
-    let new_of_map0 = fresh_ids_in(0, 1, 2, &mut taken);
+    let (mut held, others, new_of_map0) = every_key_busy_over_two_maps(&keyed, 2);
     // A full search looks at the first 128 of map 0 and finds none.
     assert_eq!(
         keyed
@@ -575,12 +584,7 @@ fn on_a_clock_at_its_last_tick_searches_stay_full() {
 fn a_short_search_that_found_none_does_not_make_the_short_searches_last_longer() {
     let clock = ManualClock::new();
     let keyed = keyed_on(&clock, 200);
-    // 2 maps: 136 keys busy in map 0, 64 in map 1.
-    let mut taken = 1_000;
-    let ids = fresh_ids_in(0, 1, 136, &mut taken);
-    let mut held: Vec<Option<KeyedPermit>> = busy(&keyed, &ids).into_iter().map(Some).collect();
-    let others = busy(&keyed, &fresh_ids_in(1, 1, 64, &mut taken));
-    let new_keys = fresh_ids_in(0, 1, 3, &mut taken);
+    let (mut held, others, new_keys) = every_key_busy_over_two_maps(&keyed, 3);
     let shed = |id: &u64| keyed.try_acquire(id).map(drop).map_err(|s| s.reason());
     // A full search looks at the first 128 of map 0 and finds none.
     assert_eq!(shed(&new_keys[0]), Err(ShedReason::TooManyKeys));
