@@ -552,8 +552,8 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         // A full search that found none with its budget spent (keys may be
         // left unlooked at): the searches are short for a while. (With
         // every key looked at, the next would look at them all again.) A
-        // short one does not make the while longer: a full search comes
-        // within a millisecond of the last, however long a flood lasts.
+        // short one does not make the while longer: however long a flood
+        // lasts, a full search comes about every millisecond.
         if search.budget == 0 && !search.short {
             self.found_none();
         }
@@ -975,6 +975,12 @@ mod tests {
         Keys::plain(Config::new(1, Duration::from_secs(3_600)), max_keys, shards)
     }
 
+    /// [`keys`], on `clock`.
+    fn keys_on(clock: &crate::ManualClock, max_keys: usize, shards: usize) -> Keys<u64> {
+        let template = Config::new(1, Duration::from_secs(3_600)).clock(clock.clone());
+        Keys::plain(template, max_keys, shards)
+    }
+
     /// The first `count` keys that shard `at` of `shards` holds.
     fn keys_of_shard(at: usize, shards: usize, count: usize) -> Vec<u64> {
         (0..)
@@ -1053,8 +1059,7 @@ mod tests {
         // 4 shards. Shard 0 holds 130 busy keys ahead of an idle one, the
         // last in its ring; shards 1 to 3 an idle key each.
         let clock = crate::ManualClock::new();
-        let template = Config::new(1, Duration::from_secs(3_600)).clock(clock.clone());
-        let keys = Keys::plain(template, 134, 4);
+        let keys = keys_on(&clock, 134, 4);
         let of_shard_0 = keys_of_shard(0, 4, 133);
         let mut held: Vec<_> = of_shard_0[..130]
             .iter()
@@ -1090,8 +1095,7 @@ mod tests {
     #[test]
     fn within_a_millisecond_of_a_search_that_found_none_among_128_keys_a_search_looks_at_8() {
         let clock = crate::ManualClock::new();
-        let template = Config::new(1, Duration::from_secs(3_600)).clock(clock.clone());
-        let keys = Keys::plain(template, 136, 1);
+        let keys = keys_on(&clock, 136, 1);
         let mut held: Vec<_> = (0..136).map(|key| hold(&keys, key)).collect();
         assert!(held.iter().all(Option::is_some));
         // Every key busy: a full search looks at 0 to 127 and finds none.
