@@ -173,10 +173,10 @@ impl<K> KeyedConfig<K> {
     /// same key may look a second time), so with 128 or more busy at once, a
     /// new key may be shed while an idle key lies further on. For about a
     /// millisecond after a new key is shed so (having looked at 128 busy
-    /// keys), a new key looks at 8 keys, each such search in the map after the last
-    /// one's, so that a flood of new keys while every key is busy costs
-    /// little each; the searches go on from where each stopped, in every
-    /// map in turn, so an idle key is found by a later one.
+    /// keys), a new key looks at 8 keys, each such search in the map after
+    /// the last one's, so that a flood of new keys while every key is busy
+    /// costs little each; the searches go on from where each stopped, in
+    /// every map in turn, so an idle key is found by a later one.
     ///
     /// The keys are spread over up to one map for every 64 of `max_keys`
     /// (and up to four for each core), each behind its own lock, so that

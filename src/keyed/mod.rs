@@ -23,11 +23,11 @@
 //!   bounded amount each: with 128 keys or more busy at once, a new key may
 //!   be shed while an idle key lies further on, where the next new key
 //!   looks. For about a millisecond after a new key is shed so (having
-//!   looked at 128 busy keys), a new key looks at 8 keys, each such search in the map
-//!   after the last one's: while every key is busy, each new key of a flood
-//!   costs a sixteenth of a full search (and holds a map's lock that much
-//!   less), and the short searches still go round every map's keys, so an
-//!   idle key is found by a later one.
+//!   looked at 128 busy keys), a new key looks at 8 keys, each such search
+//!   in the map after the last one's: while every key is busy, each new key
+//!   of a flood costs a sixteenth of a full search (and holds a map's lock
+//!   that much less), and the short searches still go round every map's
+//!   keys, so an idle key is found by a later one.
 //! - **Calls of different keys on different cores rarely meet**: the keys
 //!   are spread over several maps, each behind its own lock (up to one map
 //!   for every 64 keys of `max_keys`, and up to four for each core).
