@@ -112,6 +112,7 @@
 //! [tower]: https://docs.rs/tower
 
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod bulkhead;
 mod config;
