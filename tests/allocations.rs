@@ -155,32 +155,22 @@ fn a_classified_call_and_a_borrowed_or_weighted_permit_allocate_nothing() {
     assert_eq!(bulkhead.in_flight(), 0);
 }
 
-/// Bytes a bulkhead of `limit` slots keeps, per slot.
-fn bytes_per_slot(limit: usize) -> f64 {
+/// Bytes of heap a bulkhead of `limit` slots keeps.
+fn heap_of(limit: usize) -> isize {
     let before = BYTES.with(Cell::get);
     let bulkhead = Bulkhead::new(Config::new(limit, Duration::from_secs(30)));
     let kept = BYTES.with(Cell::get) - before;
     drop(bulkhead);
-    kept as f64 / limit as f64
+    kept
 }
 
 #[test]
-fn a_large_table_takes_at_most_17_bytes_a_slot() {
-    // Beside the slots, a few kilobytes whatever the limit (the counting
-    // lanes, the waiter line, the observer).
-    for limit in [65_536, 1 << 20] {
-        let bytes = bytes_per_slot(limit);
-        assert!(bytes <= 17.0, "{bytes:.2} bytes a slot at limit {limit}");
+fn each_slot_takes_at_most_16_bytes_at_any_limit() {
+    let fixed = heap_of(1);
+    for limit in [4, 1024, 65_536, 1 << 20] {
+        let bytes = (heap_of(limit) - fixed) as f64 / (limit - 1) as f64;
+        assert!(bytes <= 16.0, "{bytes:.2} bytes a slot at limit {limit}");
     }
-}
-
-#[test]
-fn a_small_table_gives_each_slot_a_cache_line_of_its_own() {
-    let bytes = bytes_per_slot(1024);
-    assert!(
-        (64.0..80.0).contains(&bytes),
-        "{bytes:.2} bytes a slot at limit 1024"
-    );
 }
 
 /// A key held already costs its calls no allocation, admitted or shed, by

@@ -1,21 +1,32 @@
 //! Random sequences of operations on one bulkhead, checked after every step
-//! against a reference model: a table of slots, each with its holder, the
-//! holder's deadline and the bytes it recorded, plus the byte budget and its
-//! epoch.
+//! against a reference model of its slot engine: one admission count (the
+//! weights of the live claims), the live claims themselves (weight,
+//! deadline, bytes recorded on the claim), and the byte budget with its
+//! epoch. The model knows no positions: which ledger entry a claim writes is
+//! the engine's business.
 //!
-//! The model knows nothing of generations, words or start indices. It scans
-//! its slots in a fixed order from position 0; the bulkhead scans from a
-//! per-thread start index, which is fixed on the one thread that runs every
-//! case, so the two take the same slot as long as position `p` of the model
-//! stands for slot `start + p`.
+//! - A claim of weight `w` is admitted iff `count + w <= limit`. If it does
+//!   not fit and some claim is past its deadline, a sweep frees every claim
+//!   past its deadline (their weights and recorded bytes), and the claim is
+//!   tried once more.
+//! - The slots a sweep frees are reclaimed slots until claims take them up:
+//!   each claim takes up to its weight of them, and its permit
+//!   `was_reclaimed()` iff it took any. A release adds none; a reset
+//!   forgets them.
+//! - Bytes are reserved if they fit; if not, the same sweep runs and they
+//!   are tried once more; if they still do not fit, the slot goes back and
+//!   the call is shed for its bytes.
+//! - A release frees a claim (and its recorded bytes) only while the claim
+//!   is live: a late release after a sweep or a reset frees nothing.
 //!
 //! `reclaim_after` is timed with a `ManualClock` in whole microseconds, so the
-//! model's deadlines are exact: a slot taken at `t` is free at `t + hold`, not
-//! a microsecond before.
+//! model's deadlines are exact: a claim made at `t` may be swept from
+//! `t + hold` on, not a microsecond before.
 
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::FileFailurePersistence;
+use std::collections::BTreeMap;
 use std::time::Duration;
 use tower_inflight::{
     Bulkhead, ByteReservation, Config, ManualClock, Permit, ServiceSaturated, ShedReason,
@@ -74,21 +85,17 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// A holder of a slot, as the model sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Holder {
-    id: u64,
-    /// The clock reading (microseconds) from which the slot counts as free.
+/// A live claim, as the model sees it: admitted, and neither released,
+/// swept nor reset. A claim past its deadline stays live (and counted)
+/// until a sweep frees it.
+#[derive(Clone, Copy, Debug)]
+struct Claim {
+    weight: usize,
+    /// The clock reading (microseconds) from which a sweep frees it.
     deadline: u64,
-}
-
-#[derive(Clone, Debug, Default)]
-struct Slot {
-    /// `None` once released or reset. An expired holder stays until a new
-    /// claim reclaims the slot: its slot counts as free meanwhile.
-    holder: Option<Holder>,
-    /// The bytes a holder recorded on the slot: `(holder id, bytes)`.
-    record: Option<(u64, u64)>,
+    /// The bytes recorded on the claim: its permit's, until split off or
+    /// released.
+    recorded: u64,
 }
 
 /// A permit the test still holds, with what the model expects of it.
@@ -96,10 +103,10 @@ struct Slot {
 struct Held {
     permit: Permit,
     id: u64,
-    position: usize,
-    /// The other slots of a weighted permit.
-    companions: Vec<usize>,
+    weight: usize,
+    /// `permit.bytes()`: what it reserved, until split off.
     bytes: u64,
+    /// The budget's epoch its bytes were reserved in.
     epoch: Option<u64>,
 }
 
@@ -113,11 +120,28 @@ struct Reserved {
 struct Model {
     limit: usize,
     now: u64,
-    slots: Vec<Slot>,
+    /// The live claims by id: in the order they were made, which is the
+    /// order of their deadlines, since the clock only moves on.
+    claims: BTreeMap<u64, Claim>,
+    /// The admission count: the weights of the live claims, past their
+    /// deadline or not.
+    count: usize,
     reserved: u64,
     epoch: u64,
     next_id: u64,
+    /// The weight of the permits forgotten.
     forgotten: usize,
+    /// Permits made, ever (`totals.admitted`).
+    admitted: u64,
+    /// Slots freed by sweeps, ever (`totals.reclaimed`).
+    reclaimed: u64,
+    /// Slots freed by sweeps that no claim has taken since: the next
+    /// claims to take them learn they were reclaimed.
+    unclaimed: usize,
+    /// Calls shed: for want of a slot, for their bytes, for their weight.
+    shed_limit: u64,
+    shed_bytes: u64,
+    shed_weight: u64,
 }
 
 /// What the model expects of an acquire.
@@ -125,8 +149,6 @@ struct Model {
 enum Admission {
     Admitted {
         id: u64,
-        position: usize,
-        companions: Vec<usize>,
         reclaimed: bool,
         bytes: u64,
     },
@@ -138,210 +160,159 @@ impl Model {
         Self {
             limit,
             now: 0,
-            slots: vec![Slot::default(); limit],
+            claims: BTreeMap::new(),
+            count: 0,
             reserved: 0,
             epoch: 0,
             next_id: 0,
             forgotten: 0,
+            admitted: 0,
+            reclaimed: 0,
+            unclaimed: 0,
+            shed_limit: 0,
+            shed_bytes: 0,
+            shed_weight: 0,
         }
     }
 
-    fn is_live(&self, slot: &Slot) -> bool {
-        slot.holder.is_some_and(|holder| holder.deadline > self.now)
+    fn count(&self) -> usize {
+        self.count
     }
 
-    fn live(&self) -> usize {
-        self.slots.iter().filter(|slot| self.is_live(slot)).count()
+    /// Whether some claim is past its deadline: the earliest made is.
+    fn any_expired(&self) -> bool {
+        self.claims
+            .first_key_value()
+            .is_some_and(|(_, claim)| claim.deadline <= self.now)
     }
 
-    /// Whether `id` still holds the slot at `position` (expired or not):
-    /// neither reclaimed by a newer holder nor cleared by a reset.
-    fn still_holds(&self, id: u64, position: usize) -> bool {
-        self.slots[position].holder.is_some_and(|h| h.id == id)
+    /// Whether the claim `id` is still live: neither released, swept nor
+    /// reset.
+    fn holds(&self, id: u64) -> bool {
+        self.claims.contains_key(&id)
     }
 
-    /// Slots held, expired or not: a leaked slot counts until it is
-    /// reclaimed.
-    fn held(&self) -> usize {
-        self.slots
-            .iter()
-            .filter(|slot| slot.holder.is_some())
-            .count()
+    /// Takes the claim `id` off, with its recorded bytes, if it is live;
+    /// returns it.
+    fn free(&mut self, id: u64) -> Option<Claim> {
+        let claim = self.claims.remove(&id)?;
+        self.count -= claim.weight;
+        self.take_off_budget(claim.recorded);
+        Some(claim)
     }
 
-    /// The slot to take: the one the bulkhead chose, if the model agrees it
-    /// was free (the bulkhead may pick any free slot). For a call it shed
-    /// for its bytes, whose claim was given back: an expired one if the
-    /// bulkhead counted a reclaim, else a released one. Else the first free.
-    fn choose(&self, chosen: Option<usize>, reclaimed: bool) -> Option<usize> {
-        let free = |position: &usize| !self.is_live(&self.slots[*position]);
-        chosen
-            .filter(|position| *position < self.limit && free(position))
-            .or_else(|| {
-                (0..self.limit)
-                    .filter(free)
-                    .find(|&position| self.slots[position].holder.is_some() == reclaimed)
-            })
-            .or_else(|| (0..self.limit).find(free))
+    /// Frees every claim past its deadline, with its recorded bytes;
+    /// returns the slots freed.
+    fn sweep(&mut self) -> usize {
+        let mut slots = 0;
+        while let Some((&id, _)) = self
+            .claims
+            .first_key_value()
+            .filter(|(_, claim)| claim.deadline <= self.now)
+        {
+            slots += self.free(id).map_or(0, |claim| claim.weight);
+        }
+        self.reclaimed += slots as u64;
+        self.unclaimed += slots;
+        slots
     }
 
-    fn acquire(&mut self, bytes: u64, chosen: Option<usize>, reclaimed: bool) -> Admission {
-        let Some(position) = self.choose(chosen, reclaimed) else {
-            return Admission::Shed(ShedReason::LimitReached);
-        };
+    fn take_off_budget(&mut self, bytes: u64) {
+        self.reserved = self
+            .reserved
+            .checked_sub(bytes)
+            .expect("model: more bytes given back than reserved");
+    }
+
+    fn shed(&mut self, reason: ShedReason) -> Admission {
+        match reason {
+            ShedReason::LimitReached => self.shed_limit += 1,
+            ShedReason::Bytes => self.shed_bytes += 1,
+            ShedReason::InvalidWeight => self.shed_weight += 1,
+            _ => unreachable!("model: no other reason"),
+        }
+        Admission::Shed(reason)
+    }
+
+    /// A claim of `weight` slots, then `bytes` of the budget.
+    fn acquire(&mut self, weight: usize, bytes: u64) -> Admission {
+        if weight == 0 || weight > self.limit {
+            return self.shed(ShedReason::InvalidWeight);
+        }
+        if self.count() + weight > self.limit {
+            // Full: a sweep, if any claim expired, then once more.
+            if self.any_expired() {
+                self.sweep();
+            }
+            if self.count() + weight > self.limit {
+                return self.shed(ShedReason::LimitReached);
+            }
+        }
+        // Taken up even by a claim that goes on to be shed for its bytes.
+        let taken = self.unclaimed.min(weight);
+        self.unclaimed -= taken;
+        let reclaimed = taken > 0;
         let id = self.next_id;
         self.next_id += 1;
-        let slot = &mut self.slots[position];
-        // A slot still marked with a holder is one whose deadline passed
-        // without a release: it is reclaimed, and so are the bytes recorded
-        // on it.
-        let reclaimed = slot.holder.is_some();
-        if reclaimed {
-            if let Some((_, abandoned)) = slot.record.take() {
-                self.reserved = self.reserved.saturating_sub(abandoned);
-            }
-        }
-        assert_eq!(slot.record, None, "model: a free slot with a byte record");
-        slot.holder = Some(Holder {
+        self.count += weight;
+        self.claims.insert(
             id,
-            deadline: self.now + HOLD_US,
-        });
-        if bytes == 0 {
-            return Admission::Admitted {
-                id,
-                position,
-                companions: Vec::new(),
-                reclaimed,
-                bytes: 0,
-            };
-        }
-        if self.reserved + bytes > MAX_BYTES {
-            // Before shedding, every expired holder that still records bytes
-            // loses its bytes, wherever its slot is. Its slot stays as it
-            // is: free, and reclaimed by the claim that next takes it.
-            let now = self.now;
-            for slot in &mut self.slots {
-                let expired = slot.holder.is_some_and(|holder| holder.deadline <= now);
-                if expired && slot.record.is_some_and(|(_, bytes)| bytes > 0) {
-                    let (_, abandoned) = slot.record.take().unwrap_or_default();
-                    self.reserved = self.reserved.saturating_sub(abandoned);
-                }
+            Claim {
+                weight,
+                deadline: self.now + HOLD_US,
+                recorded: 0,
+            },
+        );
+        if bytes != 0 {
+            if self.reserved + bytes > MAX_BYTES && self.any_expired() {
+                // Frees expired claims, slots and bytes, full or not. The
+                // new claim is not among them: its deadline is to come.
+                self.sweep();
             }
+            if self.reserved + bytes > MAX_BYTES {
+                // The slot goes back at once.
+                self.free(id);
+                return self.shed(ShedReason::Bytes);
+            }
+            self.reserved += bytes;
+            let claim = self.claims.get_mut(&id);
+            claim.expect("model: the new claim was swept").recorded = bytes;
         }
-        if self.reserved + bytes > MAX_BYTES {
-            // The slot goes back at once.
-            self.slots[position].holder = None;
-            return Admission::Shed(ShedReason::Bytes);
-        }
-        self.reserved += bytes;
-        self.slots[position].record = Some((id, bytes));
+        self.admitted += 1;
         Admission::Admitted {
             id,
-            position,
-            companions: Vec::new(),
             reclaimed,
             bytes,
         }
     }
 
-    /// A weighted acquire takes `weight` free slots (the first stands for
-    /// the permit) or none: those the bulkhead chose, if the model agrees
-    /// they were free, else the first free ones.
-    fn acquire_weighted(&mut self, weight: usize, chosen: &[usize]) -> Admission {
-        if weight == 0 || weight > self.limit {
-            return Admission::Shed(ShedReason::InvalidWeight);
-        }
-        if weight == 1 {
-            return self.acquire(0, chosen.first().copied(), false);
-        }
-        let all_free: Vec<usize> = (0..self.limit)
-            .filter(|&position| !self.is_live(&self.slots[position]))
-            .collect();
-        if all_free.len() < weight {
-            return Admission::Shed(ShedReason::LimitReached);
-        }
-        let mut distinct = chosen.to_vec();
-        distinct.sort_unstable();
-        distinct.dedup();
-        let free: Vec<usize> = if chosen.len() == weight
-            && distinct.len() == weight
-            && chosen.iter().all(|position| all_free.contains(position))
-        {
-            // The companions first, the slot that stands for the permit last.
-            chosen[1..].iter().chain(&chosen[..1]).copied().collect()
-        } else {
-            all_free
-        };
-        let id = self.next_id;
-        self.next_id += 1;
-        let mut reclaimed = false;
-        for &position in &free[..weight] {
-            let slot = &mut self.slots[position];
-            if slot.holder.is_some() {
-                reclaimed = true;
-                if let Some((_, abandoned)) = slot.record.take() {
-                    self.reserved = self.reserved.saturating_sub(abandoned);
-                }
-            }
-            slot.holder = Some(Holder {
-                id,
-                deadline: self.now + HOLD_US,
-            });
-        }
-        Admission::Admitted {
-            id,
-            position: free[weight - 1],
-            companions: free[..weight - 1].to_vec(),
-            reclaimed,
-            bytes: 0,
-        }
-    }
-
-    /// The permit's holder takes its bytes off its slot's record: the bytes
-    /// if they were still there, 0 if a reclaim or reset gave them back.
-    fn take_bytes(&mut self, id: u64, position: usize, bytes: u64) -> u64 {
-        let slot = &mut self.slots[position];
-        if bytes != 0 && slot.record == Some((id, bytes)) {
-            slot.record = None;
-            bytes
-        } else {
-            0
-        }
+    /// The live claim `id` takes its recorded bytes off: the bytes if it is
+    /// still live, 0 if a sweep or reset gave them back already.
+    fn take_bytes(&mut self, id: u64) -> u64 {
+        self.claims
+            .get_mut(&id)
+            .map_or(0, |claim| std::mem::take(&mut claim.recorded))
     }
 
     fn give_back(&mut self, bytes: u64, epoch: Option<u64>) {
         if bytes != 0 && epoch == Some(self.epoch) {
-            self.reserved = self.reserved.saturating_sub(bytes);
+            self.take_off_budget(bytes);
         }
     }
 
     fn release(&mut self, held: &Held) {
-        if held.bytes != 0 {
-            let bytes = self.take_bytes(held.id, held.position, held.bytes);
-            self.give_back(bytes, held.epoch);
-        }
-        for &position in held.companions.iter().chain([&held.position]) {
-            if self.still_holds(held.id, position) {
-                self.slots[position].holder = None;
-            }
-        }
+        let bytes = self.take_bytes(held.id);
+        self.give_back(bytes, held.epoch);
+        self.free(held.id);
     }
 
     fn reset(&mut self) {
-        for slot in &mut self.slots {
-            *slot = Slot::default();
-        }
+        self.claims.clear();
+        self.count = 0;
+        self.unclaimed = 0;
         self.reserved = 0;
         self.epoch += 1;
     }
-}
-
-/// The slots an admitted permit holds, its own first.
-fn chosen(actual: &Result<Permit, ServiceSaturated>) -> Vec<usize> {
-    actual
-        .as_ref()
-        .map(Permit::slot_indices)
-        .unwrap_or_default()
 }
 
 struct Harness {
@@ -373,26 +344,18 @@ impl Harness {
         match *op {
             Op::TryAcquire => {
                 let actual = self.bulkhead.try_acquire();
-                let expected = self
-                    .model
-                    .acquire(0, chosen(&actual).first().copied(), false);
-                self.check_admission(actual, expected)?;
+                let expected = self.model.acquire(1, 0);
+                self.check_admission(actual, expected, 1)?;
             }
             Op::TryAcquireBytes(bytes) => {
-                let reclaimed_before = self.bulkhead.status().totals.reclaimed;
                 let actual = self.bulkhead.try_acquire_bytes(bytes);
-                let reclaimed = self.bulkhead.status().totals.reclaimed > reclaimed_before;
-                let chosen = chosen(&actual).first().copied().or_else(|| {
-                    // Shed for its bytes after reclaiming a slot, given back.
-                    reclaimed.then(|| self.slot_lost_by_a_refusal()).flatten()
-                });
-                let expected = self.model.acquire(bytes, chosen, reclaimed);
-                self.check_admission(actual, expected)?;
+                let expected = self.model.acquire(1, bytes);
+                self.check_admission(actual, expected, 1)?;
             }
             Op::TryAcquireWeighted(weight) => {
                 let actual = self.bulkhead.try_acquire_weighted(weight);
-                let expected = self.model.acquire_weighted(weight, &chosen(&actual));
-                self.check_admission(actual, expected)?;
+                let expected = self.model.acquire(weight, 0);
+                self.check_admission(actual, expected, weight)?;
             }
             Op::Release(index) => {
                 if !self.held.is_empty() {
@@ -403,22 +366,17 @@ impl Harness {
                 if self.held.is_empty() {
                     return Ok(());
                 }
-                let Held {
-                    permit, companions, ..
-                } = self.held.remove(index.index(self.held.len()));
+                let Held { permit, weight, .. } = self.held.remove(index.index(self.held.len()));
                 std::mem::forget(permit);
-                self.model.forgotten += 1 + companions.len();
+                self.model.forgotten += weight;
             }
             Op::SplitBytes(index) => {
                 if self.held.is_empty() {
                     return Ok(());
                 }
                 let i = index.index(self.held.len());
-                let (id, position, bytes, epoch) = {
-                    let held = &self.held[i];
-                    (held.id, held.position, held.bytes, held.epoch)
-                };
-                let moved = self.model.take_bytes(id, position, bytes);
+                let (id, epoch) = (self.held[i].id, self.held[i].epoch);
+                let moved = self.model.take_bytes(id);
                 self.held[i].bytes = 0;
                 let reservation = self.held[i].permit.split_bytes();
                 prop_assert_eq!(reservation.bytes(), moved, "bytes moved by split_bytes");
@@ -445,10 +403,8 @@ impl Harness {
             Op::Fill => loop {
                 let actual = self.bulkhead.try_acquire();
                 let shed = actual.is_err();
-                let expected = self
-                    .model
-                    .acquire(0, chosen(&actual).first().copied(), false);
-                self.check_admission(actual, expected)?;
+                let expected = self.model.acquire(1, 0);
+                self.check_admission(actual, expected, 1)?;
                 if shed {
                     break;
                 }
@@ -466,11 +422,7 @@ impl Harness {
 
     fn release_at(&mut self, i: usize) -> Result<(), TestCaseError> {
         let held = self.held.remove(i);
-        let superseded = held
-            .companions
-            .iter()
-            .chain([&held.position])
-            .all(|&position| !self.model.still_holds(held.id, position));
+        let superseded = !self.model.holds(held.id);
         let before = (self.bulkhead.in_flight(), self.bulkhead.bytes_reserved());
         self.model.release(&held);
         drop(held.permit);
@@ -478,23 +430,10 @@ impl Harness {
             prop_assert_eq!(
                 (self.bulkhead.in_flight(), self.bulkhead.bytes_reserved()),
                 before,
-                "a permit whose slot was reclaimed or reset changed the counts on release"
+                "a permit whose claim was reclaimed or reset changed the counts on release"
             );
         }
         Ok(())
-    }
-
-    /// The expired slot a call refused for its bytes reclaimed and gave
-    /// back: the one the model has as held, expired, that the bulkhead has
-    /// as released.
-    fn slot_lost_by_a_refusal(&self) -> Option<usize> {
-        let model = &self.model;
-        (0..model.limit).find(|&position| {
-            let slot = &model.slots[position];
-            slot.holder.is_some()
-                && !model.is_live(slot)
-                && self.bulkhead.slot_is_released(position)
-        })
     }
 
     fn drop_reservation_at(&mut self, i: usize) {
@@ -507,14 +446,13 @@ impl Harness {
         &mut self,
         actual: Result<Permit, ServiceSaturated>,
         expected: Admission,
+        weight: usize,
     ) -> Result<(), TestCaseError> {
         match (actual, expected) {
             (
                 Ok(permit),
                 Admission::Admitted {
                     id,
-                    position,
-                    companions,
                     reclaimed,
                     bytes,
                 },
@@ -525,8 +463,7 @@ impl Harness {
                 self.held.push(Held {
                     permit,
                     id,
-                    position,
-                    companions,
+                    weight,
                     bytes,
                     epoch,
                 });
@@ -552,17 +489,49 @@ impl Harness {
         Ok(())
     }
 
-    /// What must hold after every step.
+    /// What must hold after every operation: the counts, the books, the
+    /// totals. (Each step of a large table's settling checks the counts
+    /// alone: the rest costs time in proportion to the table.)
     fn check(&self) -> Result<(), TestCaseError> {
+        self.check_counts()?;
+        self.check_books()?;
+        self.check_totals()
+    }
+
+    /// The totals of `status()`.
+    fn check_totals(&self) -> Result<(), TestCaseError> {
         let model = &self.model;
-        let live = model.live();
-        let held = model.held();
-        prop_assert_eq!(self.bulkhead.in_flight(), held, "in_flight()");
-        prop_assert!(held <= model.limit);
-        prop_assert_eq!(self.bulkhead.available(), model.limit - held, "available()");
+        let status = self.bulkhead.status();
+        prop_assert_eq!(status.in_flight, model.count(), "status().in_flight");
+        let totals = &status.totals;
+        prop_assert_eq!(totals.admitted, model.admitted, "totals.admitted");
+        prop_assert_eq!(totals.reclaimed, model.reclaimed, "totals.reclaimed");
+        prop_assert_eq!(totals.rejected_limit, model.shed_limit, "rejected_limit");
+        prop_assert_eq!(totals.rejected_bytes, model.shed_bytes, "rejected_bytes");
+        prop_assert_eq!(
+            totals.rejected_invalid_weight,
+            model.shed_weight,
+            "rejected_invalid_weight"
+        );
+        Ok(())
+    }
+
+    /// The counts and the bytes reserved.
+    fn check_counts(&self) -> Result<(), TestCaseError> {
+        let model = &self.model;
+        let count = model.count();
+        prop_assert!(count <= model.limit, "model: over the limit");
+        prop_assert_eq!(self.bulkhead.limit(), model.limit, "limit()");
+        prop_assert_eq!(self.bulkhead.in_flight(), count, "in_flight()");
+        prop_assert_eq!(
+            self.bulkhead.available(),
+            model.limit - count,
+            "available()"
+        );
+        // A claim past its deadline counts as free: a call would sweep it.
         prop_assert_eq!(
             self.bulkhead.is_saturated(),
-            live == model.limit,
+            count == model.limit && !model.any_expired(),
             "is_saturated()"
         );
         prop_assert_eq!(
@@ -572,43 +541,40 @@ impl Harness {
         );
         prop_assert!(self.bulkhead.bytes_reserved() <= MAX_BYTES);
         prop_assert_eq!(self.bulkhead.waiting(), 0);
+        Ok(())
+    }
 
-        // More permits alive than `limit` only because some were superseded:
-        // their slots were reclaimed from under them (a slow holder) or reset.
-        let slots_of = |held: &Held| -> Vec<usize> {
-            held.companions
-                .iter()
-                .copied()
-                .chain([held.position])
-                .collect()
-        };
-        let current = self
-            .held
+    /// The model's own books, and the bytes of every permit and
+    /// reservation held.
+    fn check_books(&self) -> Result<(), TestCaseError> {
+        let model = &self.model;
+        let count = model.count();
+        // The model's own books: the budget is the bytes recorded on live
+        // claims and those split off since the last reset.
+        prop_assert!(model.unclaimed <= model.limit - count, "model: unclaimed");
+        let weights: usize = model.claims.values().map(|claim| claim.weight).sum();
+        prop_assert_eq!(count, weights, "model: the count's books");
+        let recorded: u64 = model.claims.values().map(|claim| claim.recorded).sum();
+        let split: u64 = self
+            .reservations
             .iter()
-            .flat_map(|held| {
-                slots_of(held)
-                    .into_iter()
-                    .map(move |position| (held.id, position))
-            })
-            .filter(|&(id, position)| model.still_holds(id, position))
-            .count();
-        prop_assert!(current <= model.limit);
-        let live_and_held = self
-            .held
-            .iter()
-            .flat_map(|held| {
-                slots_of(held)
-                    .into_iter()
-                    .map(move |position| (held.id, position))
-            })
-            .filter(|&(id, position)| {
-                model.still_holds(id, position) && model.is_live(&model.slots[position])
-            })
-            .count();
-        prop_assert!(
-            live_and_held <= live,
-            "held permits the model counts live ({live_and_held}) outnumber the live slots ({live})"
+            .filter(|reserved| reserved.epoch == Some(model.epoch))
+            .map(|reserved| reserved.bytes)
+            .sum();
+        prop_assert_eq!(
+            model.reserved,
+            recorded + split,
+            "model: the budget's books"
         );
+        // Every live claim is a held permit's or a forgotten one's.
+        let held_live: usize = self
+            .held
+            .iter()
+            .filter(|held| model.holds(held.id))
+            .map(|held| held.weight)
+            .sum();
+        prop_assert!(held_live <= count && count - held_live <= model.forgotten);
+
         for held in &self.held {
             prop_assert_eq!(
                 held.permit.bytes(),
@@ -623,20 +589,21 @@ impl Harness {
         Ok(())
     }
 
-    /// Releases everything still held, lets every forgotten slot expire,
-    /// then takes every slot: exactly the forgotten (and unreset) ones come
-    /// back reclaimed, with their bytes, and afterwards nothing is held.
+    /// Releases everything still held, lets every forgotten claim expire,
+    /// then takes every slot: the claim that finds the count full sweeps
+    /// every forgotten (and unreset) claim at once, with its bytes, and
+    /// afterwards nothing is held.
     fn settle(mut self) -> Result<(), TestCaseError> {
         while !self.held.is_empty() {
             self.release_at(0)?;
-            self.check()?;
+            self.check_counts()?;
         }
         while !self.reservations.is_empty() {
             self.drop_reservation_at(0);
-            self.check()?;
+            self.check_counts()?;
         }
         self.apply(&Op::Advance(HOLD_US))?;
-        let abandoned = self.model.held();
+        let abandoned = self.model.count();
         prop_assert_eq!(
             self.bulkhead.in_flight(),
             abandoned,
@@ -647,14 +614,28 @@ impl Harness {
             "a slot outlived reclaim_after"
         );
         prop_assert!(abandoned <= self.model.forgotten);
-        let permits: Vec<Permit> = (0..self.model.limit)
-            .map(|_| self.bulkhead.try_acquire())
-            .collect::<Result<_, _>>()
-            .map_err(|shed| TestCaseError::fail(format!("a slot was not free: {shed}")))?;
-        let reclaimed = permits.iter().filter(|p| p.was_reclaimed()).count();
+        let reclaimed_before = self.bulkhead.status().totals.reclaimed;
+        let unclaimed = self.model.unclaimed;
+        for _ in 0..self.model.limit {
+            let admitted = self.held.len();
+            let actual = self.bulkhead.try_acquire();
+            let expected = self.model.acquire(1, 0);
+            self.check_admission(actual, expected, 1)?;
+            self.check_counts()?;
+            prop_assert_eq!(self.held.len(), admitted + 1, "a slot was not free");
+        }
+        self.check_totals()?;
+        // The slots reclaimed earlier and not taken since, then, once the
+        // count is full, every forgotten claim's.
+        let reclaimers = self.held.iter().filter(|held| held.permit.was_reclaimed());
         prop_assert_eq!(
-            reclaimed,
-            abandoned,
+            reclaimers.count(),
+            unclaimed + abandoned,
+            "permits on reclaimed slots"
+        );
+        prop_assert_eq!(
+            self.bulkhead.status().totals.reclaimed - reclaimed_before,
+            abandoned as u64,
             "slots reclaimed from forgotten permits"
         );
         prop_assert_eq!(
@@ -662,8 +643,14 @@ impl Harness {
             0,
             "bytes left once every slot was retaken"
         );
-        prop_assert!(self.bulkhead.try_acquire().is_err());
-        drop(permits);
+        let actual = self.bulkhead.try_acquire();
+        prop_assert!(actual.is_err(), "admitted over the limit");
+        let expected = self.model.acquire(1, 0);
+        self.check_admission(actual, expected, 1)?;
+        while !self.held.is_empty() {
+            self.release_at(0)?;
+        }
+        self.check()?;
         prop_assert_eq!(self.bulkhead.in_flight(), 0);
         prop_assert_eq!(self.bulkhead.available(), self.model.limit);
         prop_assert_eq!(self.bulkhead.bytes_reserved(), 0);
@@ -744,8 +731,8 @@ proptest! {
         "/tests/proptest-regressions/proptest_model_large.txt"
     )))]
 
-    /// The same model at limits that give the free map two and three
-    /// levels, with fills and mass releases.
+    /// The same model at large limits (a ledger of thousands of entries),
+    /// with fills and mass releases.
     #[test]
     fn a_large_bulkhead_matches_the_model_after_every_operation(
         limit in prop::sample::select(vec![65usize, 1025, 4097]),
@@ -759,11 +746,13 @@ proptest! {
     }
 }
 
-/// The smallest case of the bug above. A thread's scans start at the same
-/// slot every time, so a single-threaded caller (a `current_thread` runtime)
-/// keeps landing on the released slot in front of the expired one and never
-/// reclaims it: the forgotten permit's bytes are held forever, and every call
-/// that needs them is shed with `ShedReason::Bytes` while `in_flight()` is 0.
+/// Forgotten bytes come back even while a slot is free: a claim that fits
+/// under the limit never sweeps, so it is the bytes that must. A forgotten
+/// permit's bytes, past `reclaim_after`, would otherwise be held until the
+/// count went full, and every call that needs them would be shed with
+/// `ShedReason::Bytes` while a slot stood free. (Under the old engine, a
+/// single-threaded caller kept landing on the released slot in front of the
+/// expired one and never reclaimed it.)
 #[test]
 fn forgotten_bytes_come_back_even_when_another_slot_is_free() {
     let clock = ManualClock::new();
@@ -773,8 +762,8 @@ fn forgotten_bytes_come_back_even_when_another_slot_is_free() {
             .max_bytes(MAX_BYTES)
             .clock(clock.clone()),
     );
-    let first = bulkhead.try_acquire().unwrap(); // the slot this thread scans first
-    std::mem::forget(bulkhead.try_acquire_bytes(800).unwrap()); // the next one
+    let first = bulkhead.try_acquire().unwrap();
+    std::mem::forget(bulkhead.try_acquire_bytes(800).unwrap());
     drop(first);
     clock.advance(reclaim * 10);
     assert!(!bulkhead.is_saturated(), "the forgotten slot has expired");

@@ -326,15 +326,16 @@ impl Bulkhead {
         self.shared.slots.in_flight()
     }
 
-    /// How many calls may be in flight at once.
+    /// How many calls may be in flight at once: the limit in force now.
     pub fn limit(&self) -> usize {
-        self.shared.slots.len()
+        self.shared.slots.limit()
     }
 
     /// How many slots are free now: `limit` less
-    /// [`in_flight`](Self::in_flight).
+    /// [`in_flight`](Self::in_flight), or 0 while more are in flight than a
+    /// lowered limit allows.
     pub fn available(&self) -> usize {
-        self.limit() - self.in_flight()
+        self.limit().saturating_sub(self.in_flight())
     }
 
     /// Whether every slot is held now, so that a call would be shed or wait
@@ -382,7 +383,7 @@ impl Bulkhead {
             name: self.name().map(str::to_owned),
             limit: self.limit(),
             in_flight,
-            available: self.limit() - in_flight,
+            available: self.limit().saturating_sub(in_flight),
             waiting: waiting_by_priority.values().sum(),
             waiting_by_priority,
             saturation_signal: shared

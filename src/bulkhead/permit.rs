@@ -146,11 +146,11 @@ impl Permit {
         self.claim.reclaimed()
     }
 
-    /// The slots this permit holds, by index, the one that stands for it
-    /// first: for tests that model the table.
+    /// The ledger entry this permit holds, by index: for tests that model
+    /// the table.
     #[doc(hidden)]
     pub fn slot_indices(&self) -> Vec<usize> {
-        self.shared.slots().slot_indices(&self.claim)
+        vec![self.claim.index()]
     }
 
     /// The bytes of the budget this permit holds (0 if none were reserved, or
@@ -198,15 +198,8 @@ pub(crate) struct Granted {
 
 impl Granted {
     /// Slots claimed for a caller that will make them a permit later: they
-    /// count as held (in the in-flight gauge) from now, since a reclaim may
-    /// take them meanwhile.
+    /// count as held from now.
     pub(crate) fn new(shared: Arc<Shared>, claim: Claim) -> Self {
-        let claim = if claim.granted() {
-            claim // counted when it was handed over
-        } else {
-            shared.count_grant(&claim);
-            claim.granted_to_waiter()
-        };
         Self {
             shared,
             claim: Some(claim),

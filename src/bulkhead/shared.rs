@@ -70,7 +70,7 @@ impl Shared {
             config.on_event.clone(),
             rollups,
         );
-        let slots = SlotTable::new(config.limit, hold, config.max_bytes);
+        let slots = SlotTable::new(config.limit, clock.now(), hold, config.max_bytes);
         #[cfg(feature = "metrics")]
         let slots = slots.with_gauge(observer.in_flight_gauge());
         Ok(Shared {
@@ -97,7 +97,6 @@ impl Shared {
     /// [`ServiceSaturated`], on one clock read.
     #[inline(always)]
     pub(crate) fn claim_or_shed(&self) -> Result<Claim, ServiceSaturated> {
-        // Weight 1, inlined: `try_claim_weighted` is `try_claim_at`.
         self.claim_weighted_or_shed(1)
     }
 
@@ -167,45 +166,28 @@ impl Shared {
     }
 
     /// The fast path: one load to see that nobody is parked (and that the
-    /// bulkhead is open), one compare-and-exchange on a free slot.
+    /// bulkhead is open), one compare-and-exchange on the count, one on a
+    /// free ledger entry. A shed reads the count and the sweep's date.
     // `always`: the claim must reach the permit in registers; a call here
     // returns it through memory, and the reload stalls on the narrower
     // stores that have just written it (store forwarding).
     #[inline(always)]
-    fn try_claim_at(&self, now: u64) -> Result<Claim, ShedReason> {
-        if let Some(seen) = self.waiters.calm() {
-            if let Some(claim) = self.slots.try_claim(now, Ordering::Relaxed) {
-                return Ok(claim);
-            }
-            // Nobody parked meanwhile, and no weighted claim was taking
-            // slots it may give back: every slot seen held was held.
-            if self.waiters.unchanged(seen) {
-                return Err(ShedReason::LimitReached);
-            }
-        }
-        self.claim_behind_parked(now, 1)
-    }
-
-    /// [`try_claim_at`](Self::try_claim_at) for `weight` slots at once, at `now`
-    /// (read by the caller, so that a refusal can reuse it).
-    #[inline(always)]
     pub(crate) fn try_claim_weighted(&self, weight: usize, now: u64) -> Result<Claim, ShedReason> {
-        if weight == 1 {
-            self.try_claim_at(now)
-        } else {
-            self.try_claim_heavy(weight, now)
-        }
-    }
-
-    /// Under the waiter queue's lock: a weighted claim that has to give
-    /// back the slots it took frees them where no caller can park unseen.
-    fn try_claim_heavy(&self, weight: usize, now: u64) -> Result<Claim, ShedReason> {
-        if weight == 0 || weight > self.slots.len() {
+        if weight != 1 && (weight == 0 || weight > self.slots.len()) {
             return Err(ShedReason::InvalidWeight);
+        }
+        if self.waiters.calm() {
+            // A caller that parks after this load arrived, in effect, after
+            // this one: it finds every slot held too.
+            return self
+                .slots
+                .try_claim_weighted(now, weight, Ordering::Relaxed)
+                .ok_or(ShedReason::LimitReached);
         }
         self.claim_behind_parked(now, weight)
     }
 
+    #[cold]
     fn claim_behind_parked(&self, now: u64, weight: usize) -> Result<Claim, ShedReason> {
         if self.waiters.is_closed() {
             return Err(ShedReason::Closed);
@@ -219,24 +201,24 @@ impl Shared {
     /// the bytes of `share` (recorded on its slot already) are counted in.
     #[inline(always)]
     pub(crate) fn admitted(&self, claim: &Claim, share: Share) {
-        if claim.is_plain() {
-            self.slots.count_admission(1);
-        } else {
-            self.admitted_otherwise(claim);
+        self.slots.count_admission();
+        if claim.sample() {
+            self.observer.rollups.see_in_flight(self.slots.in_flight());
         }
         let at = self.slots.claimed_at(claim);
         if self.observer.rollups.minute_turned(at.saturating_sub(1)) {
             self.turn_minute(at, 1);
         }
         self.observer.admitted();
-        if self.observer.has_hook() {
+        if claim.reclaimed() || self.observer.has_hook() {
             self.admitted_events(claim, share);
         }
     }
 
-    /// The event hook hears of the admission (and of the slots it
-    /// reclaimed). The permit does not exist yet: if the hook panics, the
-    /// slots and bytes are given back here, as the permit's drop would.
+    /// The slots a sweep reclaimed for this admission are reported, and
+    /// the event hook hears of the admission. The permit does not exist
+    /// yet: if the hook panics, the slots and bytes are given back here, as
+    /// the permit's drop would.
     #[cold]
     #[inline(never)]
     fn admitted_events(&self, claim: &Claim, share: Share) {
@@ -259,7 +241,7 @@ impl Shared {
             share,
             armed: true,
         };
-        self.observer.reclaimed_events(claim.reclaimed_slots());
+        self.report_reclaimed();
         self.observer.admitted_event();
         guard.armed = false;
     }
@@ -304,41 +286,20 @@ impl Shared {
             .turn(now.saturating_sub(1), totals, self.slots.in_flight());
     }
 
-    /// The admission of a claim that is not plain: weighted, reclaimed,
-    /// handed to a waiting caller or sampled.
-    #[cold]
-    #[inline(never)]
-    fn admitted_otherwise(&self, claim: &Claim) {
-        // Reclaimed slots were counted as held already, and slots handed to
-        // a waiting caller when they were handed over.
-        let newly_held = if claim.granted() {
-            0
-        } else {
-            claim.weight() - claim.reclaimed_slots()
-        };
-        self.slots.count_admission(newly_held);
-        if claim.reclaimed() || claim.sample() {
-            self.admitted_rarely(claim);
-        }
-    }
-
-    #[cold]
-    fn admitted_rarely(&self, claim: &Claim) {
-        if claim.reclaimed() {
-            self.observer.reclaimed(claim.reclaimed_slots());
+    /// Reports the slots that sweeps reclaimed since the last report:
+    /// counted, a warning and an event each.
+    pub(crate) fn report_reclaimed(&self) {
+        let reclaimed = self.slots.take_reclaimed();
+        if reclaimed > 0 {
+            self.observer.reclaimed_with_events(reclaimed);
             self.observer.bytes(|| self.slots.bytes_reserved());
-        }
-        if claim.sample() {
-            self.observer.rollups.see_in_flight(self.slots.in_flight());
         }
     }
 
     /// The holder of `claim` gives it back (in `Permit::drop`).
     #[inline(always)]
     pub(crate) fn release_permit(&self, claim: &Claim) {
-        let freed = self.slots.release(claim);
-        if freed > 0 {
-            self.slots.count_out(freed);
+        if self.slots.release(claim) > 0 {
             // The hold time costs a clock read: only sampled claims pay it,
             // and only for the metrics that record it.
             let held = (cfg!(feature = "metrics") && claim.sample()).then(|| {
@@ -371,15 +332,11 @@ impl Shared {
     /// no release will ever end them.
     pub(super) fn left_to_drain(&self) -> (usize, usize) {
         let mut in_flight = self.slots.in_flight();
-        if in_flight > 0 {
-            let reclaimed = self.slots.reclaim_expired(self.clock.now());
-            if reclaimed > 0 {
-                self.slots.count_out(reclaimed);
-                self.observer.reclaimed_with_events(reclaimed);
-                // Freed: handed to whoever is parked, as a release would.
-                self.waiters.after_release(&self.slots, &self.clock);
-                in_flight = self.slots.in_flight();
-            }
+        if in_flight > 0 && self.slots.reclaim_expired(self.clock.now()) > 0 {
+            self.report_reclaimed();
+            // Freed: handed to whoever is parked, as a release would.
+            self.waiters.after_release(&self.slots, &self.clock);
+            in_flight = self.slots.in_flight();
         }
         (in_flight, self.waiters.parked())
     }
@@ -413,8 +370,9 @@ impl Shared {
             reserved = shared.slots.reserve_bytes(&claim, bytes);
             if recovered {
                 // Bytes of holders that vanished were what filled the budget;
-                // their slots, expired, are free: hand them to whoever is
-                // parked rather than leave them until the next release.
+                // their slots came back with them: handed to whoever is
+                // parked rather than left until the next release.
+                shared.report_reclaimed();
                 shared.waiters.after_release(&shared.slots, &shared.clock);
             }
         }
@@ -431,43 +389,18 @@ impl Shared {
         }
     }
 
-    /// Counts the slots of `claim`, made for a caller that will make them a
-    /// permit later, as held in the in-flight gauge (its reclaimed slots were
-    /// counted already).
-    pub(crate) fn count_grant(&self, claim: &Claim) {
-        self.slots
-            .count_in(claim.weight() - claim.reclaimed_slots());
-    }
-
     /// Gives back a claim that never became a permit (its caller went away,
     /// or its bytes did not fit), and hands its slots on. It is not counted
-    /// as admitted; its reclaims count as any claim's do, and the slots they
-    /// had counted as held are counted out.
+    /// as admitted. If a reclaim or a reset freed its slots meanwhile, they
+    /// were given back then, and this frees nothing.
     pub(crate) fn give_back_unused(&self, claim: &Claim) {
-        let freed = self.slots.release(claim);
+        self.slots.release(claim);
         self.waiters.after_release(&self.slots, &self.clock);
-        // A claim handed to a waiting caller had all its slots counted as
-        // held when it was handed over; any other, only those it reclaimed
-        // (by the holders that vanished). Of its slots, those it freed are
-        // held by nobody now; those it lost were taken over meanwhile, by a
-        // reset, which counted them as held, or by a claim after their
-        // deadline, which counts them as held already: so they must stay
-        // counted. That comes to counting out what was counted, less what it
-        // lost. (A reset sets the in-flight gauge to 0, so a slot lost to a
-        // reset that was never counted in leaves the gauge one too high: a
-        // byte refusal racing a reset.)
-        let (weight, reclaimed) = (claim.weight(), claim.reclaimed_slots());
-        let counted = if claim.granted() { weight } else { reclaimed };
-        let lost = weight - freed;
-        if counted >= lost {
-            self.slots.count_out(counted - lost);
-        } else {
-            self.slots.count_in(lost - counted);
-        }
-        self.observer.reclaimed_with_events(reclaimed);
+        self.report_reclaimed();
     }
 
     pub(super) fn totals(&self) -> Totals {
+        self.report_reclaimed();
         self.observer.totals(self.slots.claims())
     }
 
@@ -532,12 +465,14 @@ impl Shared {
         if self.observer.rollups.minute_turned(now - 1) {
             self.turn_minute(now, 0);
         }
+        // A sweep that freed slots another caller took first.
+        self.report_reclaimed();
         if reason.is_for_want_of_a_slot() {
             self.see_in_flight_when_refused();
         }
         ServiceSaturated::new(
             self.observer.rejected(reason),
-            self.config.limit,
+            self.slots.limit(),
             reason,
             self.config.retry_after,
         )
@@ -555,9 +490,22 @@ impl Shared {
     /// limit, nothing can raise it, so sheds under overload skip it.
     pub(crate) fn see_in_flight_when_refused(&self) {
         let rollups = &self.observer.rollups;
-        if rollups.peak_below(self.slots.len()) {
+        if rollups.peak_below(self.slots.limit()) {
             rollups.see_in_flight(self.slots.in_flight());
         }
+    }
+
+    /// Puts `limit` in force, between 1 and the configured limit. Raised,
+    /// the new room goes to the callers waiting first; lowered, no one is
+    /// evicted, and no one is admitted until the calls in flight are under
+    /// it.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "the setter adaptive limits are built on")
+    )]
+    pub(crate) fn set_limit(&self, limit: usize) {
+        self.slots.set_limit(limit);
+        self.waiters.after_release(&self.slots, &self.clock);
     }
 
     pub(crate) fn waiters(&self) -> &Waiters {
@@ -579,8 +527,8 @@ mod tests {
     use crate::{Bulkhead, Config, ManualClock};
     use std::time::Duration;
 
-    /// Claims given back unused across a reset: whatever they had
-    /// reclaimed, the count comes out even.
+    /// Claims given back unused across a reset, whether or not a sweep
+    /// reclaimed slots for them: the count comes out even.
     #[test]
     fn claims_given_back_across_a_reset_leave_the_count_even() {
         for leaked in [false, true] {
@@ -588,12 +536,13 @@ mod tests {
             let bulkhead =
                 Bulkhead::new(Config::new(2, Duration::from_secs(1)).clock(clock.clone()));
             if leaked {
+                let _other = bulkhead.try_acquire().unwrap();
                 std::mem::forget(bulkhead.try_acquire().unwrap());
                 clock.advance(Duration::from_secs(2));
             }
             let shared = bulkhead.shared();
             let claim = shared.try_claim_weighted(2, shared.now()).unwrap();
-            assert_eq!(claim.reclaimed_slots(), usize::from(leaked));
+            assert_eq!(claim.reclaimed(), leaked);
             bulkhead.reset();
             shared.give_back_unused(&claim);
             assert_eq!(bulkhead.in_flight(), 0, "leaked: {leaked}");
@@ -605,43 +554,84 @@ mod tests {
         }
     }
 
-    /// A weighted claim, some of whose slots it reclaimed, given back unused
-    /// after others reclaimed some of its slots in turn: the count comes out
-    /// even whatever the mix.
+    /// A weighted claim swept past its deadline and given back unused
+    /// after others took its slots: the count comes out even.
     #[test]
-    fn a_partly_reclaimed_claim_lost_to_reclaimers_leaves_the_count_even() {
-        for leaked in 0..=2usize {
-            for takers in 0..=3usize {
-                let clock = ManualClock::new();
-                let bulkhead =
-                    Bulkhead::new(Config::new(3, Duration::from_secs(1)).clock(clock.clone()));
-                for _ in 0..leaked {
-                    std::mem::forget(bulkhead.try_acquire().unwrap());
-                }
-                clock.advance(Duration::from_secs(2));
-                let shared = bulkhead.shared();
-                let claim = shared.try_claim_weighted(3, shared.now()).unwrap();
-                assert_eq!(claim.reclaimed_slots(), leaked);
-                clock.advance(Duration::from_secs(2));
-                let held: Vec<_> = (0..takers)
-                    .map(|_| bulkhead.try_acquire().unwrap())
-                    .collect();
-                shared.give_back_unused(&claim);
-                assert_eq!(
-                    bulkhead.in_flight(),
-                    takers,
-                    "{leaked} leaked, {takers} took"
-                );
-                drop(held);
-                assert_eq!(bulkhead.in_flight(), 0, "{leaked} leaked, {takers} took");
-            }
+    fn a_claim_swept_and_given_back_late_leaves_the_count_even() {
+        for takers in 0..=3usize {
+            let clock = ManualClock::new();
+            let bulkhead =
+                Bulkhead::new(Config::new(3, Duration::from_secs(1)).clock(clock.clone()));
+            let shared = bulkhead.shared();
+            let claim = shared.try_claim_weighted(3, shared.now()).unwrap();
+            clock.advance(Duration::from_secs(2));
+            let held: Vec<_> = (0..takers)
+                .map(|_| bulkhead.try_acquire().unwrap())
+                .collect();
+            shared.give_back_unused(&claim);
+            assert_eq!(bulkhead.in_flight(), takers, "{takers} took");
+            // Swept by the first taker, which found the table full.
+            let swept = if takers > 0 { 3 } else { 0 };
+            assert_eq!(bulkhead.status().totals.reclaimed, swept, "{takers} took");
+            drop(held);
+            assert_eq!(bulkhead.in_flight(), 0, "{takers} took");
         }
     }
 
-    /// The same for the in-flight gauge.
+    /// A lowered limit evicts no one and admits no one until the calls in
+    /// flight are under it; `limit()` and a shed's error say the limit in
+    /// force.
+    #[test]
+    fn a_lowered_limit_evicts_no_one() {
+        let bulkhead = Bulkhead::new(Config::new(3, Duration::from_secs(30)));
+        let (a, b) = (
+            bulkhead.try_acquire().unwrap(),
+            bulkhead.try_acquire().unwrap(),
+        );
+        bulkhead.shared().set_limit(1);
+        assert_eq!((bulkhead.limit(), bulkhead.in_flight()), (1, 2));
+        assert_eq!((bulkhead.available(), bulkhead.status().available), (0, 0));
+        assert_eq!(bulkhead.try_acquire().unwrap_err().limit(), 1);
+        drop(a);
+        assert!(bulkhead.try_acquire().is_err(), "one held of one");
+        drop(b);
+        let _c = bulkhead.try_acquire().unwrap();
+        bulkhead.shared().set_limit(0);
+        assert_eq!(bulkhead.limit(), 1, "never below one");
+        bulkhead.shared().set_limit(usize::MAX);
+        assert_eq!(bulkhead.limit(), 3, "never over the configured limit");
+    }
+
+    /// A raised limit hands its new room to the callers waiting, oldest
+    /// first, before any newcomer.
+    #[tokio::test]
+    async fn a_raised_limit_hands_its_room_to_the_callers_waiting() {
+        let bulkhead =
+            Bulkhead::new(Config::new(3, Duration::from_secs(30)).wait(Duration::from_secs(10)));
+        bulkhead.shared().set_limit(1);
+        let _held = bulkhead.try_acquire().unwrap();
+        let (first, second) = (bulkhead.clone(), bulkhead.clone());
+        let mut first = tokio_test::task::spawn(async move { first.acquire().await });
+        let mut second = tokio_test::task::spawn(async move { second.acquire().await });
+        assert!(first.poll().is_pending() && second.poll().is_pending());
+        bulkhead.shared().set_limit(2);
+        assert!(first.is_woken());
+        let std::task::Poll::Ready(Ok(_first)) = first.poll() else {
+            panic!("the oldest caller waiting was not handed the new room")
+        };
+        assert!(second.poll().is_pending());
+        assert!(
+            bulkhead.try_acquire().is_err(),
+            "no newcomer ahead of the line"
+        );
+        bulkhead.shared().set_limit(3);
+        assert!(matches!(second.poll(), std::task::Poll::Ready(Ok(_))));
+    }
+
+    /// The in-flight gauge follows a claim reclaimed from under its holder.
     #[cfg(feature = "metrics")]
     #[test]
-    fn the_gauge_follows_a_partly_reclaimed_claim_lost_to_a_reclaimer() {
+    fn the_gauge_follows_a_claim_lost_to_a_reclaimer() {
         use metrics_util::debugging::{DebugValue, DebuggingRecorder};
         let recorder = DebuggingRecorder::new();
         let snapshotter = recorder.snapshotter();
@@ -649,11 +639,8 @@ mod tests {
         let bulkhead = metrics::with_local_recorder(&recorder, || {
             Bulkhead::new(Config::new(2, Duration::from_secs(1)).clock(clock.clone()))
         });
-        std::mem::forget(bulkhead.try_acquire().unwrap());
-        clock.advance(Duration::from_secs(2));
         let shared = bulkhead.shared();
         let claim = shared.try_claim_weighted(2, shared.now()).unwrap();
-        assert_eq!(claim.reclaimed_slots(), 1);
         clock.advance(Duration::from_secs(2));
         let taker = bulkhead.try_acquire().unwrap();
         shared.give_back_unused(&claim);

@@ -207,13 +207,11 @@ impl Observer {
         let _ = reserved;
     }
 
-    /// Every slot and byte was forgotten.
+    /// Every byte was forgotten (the slot table moves the in-flight gauge
+    /// by the slots it freed).
     pub(crate) fn reset(&self) {
         #[cfg(feature = "metrics")]
-        {
-            self.metrics.in_flight.set(0.0);
-            self.metrics.bytes_reserved.set(0.0);
-        }
+        self.metrics.bytes_reserved.set(0.0);
     }
 
     /// The totals, `admitted` being how many calls the slot table counted

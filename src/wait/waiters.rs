@@ -1,9 +1,8 @@
 //! The queue of callers parked for a slot.
 //!
 //! It is touched only when the bulkhead is full: the fast path reads one
-//! word (the count of parked callers, of weighted claims under way, and
-//! whether the bulkhead is closed), and nothing else, to learn that it may
-//! go ahead; if it finds every slot held, it reads that word again. Parked
+//! word (the count of parked callers, and whether the bulkhead is closed),
+//! and nothing else, to learn that it may go ahead. Parked
 //! callers are served oldest first, and a freed slot goes straight to the head
 //! of the line (the releaser claims it on the head's behalf), so a new arrival
 //! can never take it first.
@@ -18,25 +17,22 @@
 use crate::bulkhead::Clock;
 use crate::error::ShedReason;
 use crate::slots::{Claim, SlotTable};
-use crate::sync::{fence, lock, loom_seqcst_fence, Arc, AtomicU64, Mutex, Ordering};
+use crate::sync::{lock, loom_seqcst_fence, Arc, AtomicU64, Mutex, Ordering};
 use crate::ticket::Ticket;
 use crate::wait::{Line, MovablePlace, Place, QueueOrder};
 use std::task::{Context, Poll, Waker};
 
 /// The word the fast path reads: how many callers are parked (low 32 bits),
-/// how many weighted claims have begun or ended (the next 31, odd while one
-/// is under way), and whether the bulkhead is closed (the top bit). Every
-/// arrival takes the slow path while any of them is set, and is refused
-/// once the bulkhead is closed.
+/// and whether the bulkhead is closed (the top bit). Every arrival takes
+/// the slow path while either is set, and is refused once the bulkhead is
+/// closed.
 const PARKED: u64 = (1 << 32) - 1;
-const WEIGHTED_ONE: u64 = 1 << 32;
-const WEIGHTED: u64 = ((1 << 31) - 1) << 32;
 const CLOSED: u64 = 1 << 63;
 
 #[derive(Debug, Default)]
 pub(crate) struct Waiters {
-    /// How many nodes in `queue` are `Parked`, the count of weighted
-    /// claims, and `CLOSED` (see `PARKED`). Written only under the lock.
+    /// How many nodes in `queue` are `Parked`, and `CLOSED` (see
+    /// `PARKED`). Written only under the lock.
     parked: AtomicU64,
     queue: Mutex<Line<Arc<Node>>>,
 }
@@ -141,31 +137,12 @@ impl Waiters {
         (self.parked.load(Ordering::Relaxed) & PARKED) as usize
     }
 
-    /// Nobody parked, not closed, and no weighted claim under way: the fast
-    /// path may go ahead. Returns the word read, for [`unchanged`](Self::unchanged).
-    ///
-    /// `Acquire`: a word that shows a weighted claim ended (its count raised
-    /// a second time, with a release) shows, too, the slots it gave back, so
-    /// the scan that follows cannot find them still taken. (On x86 it is the
-    /// same plain load as `Relaxed`.)
+    /// Nobody parked, and not closed: the fast path may go ahead.
+    /// `Relaxed`: a hint, since a caller that misses a neighbour parking
+    /// arrived, in effect, before it.
     #[inline(always)]
-    pub(crate) fn calm(&self) -> Option<u64> {
-        let seen = self.parked.load(Ordering::Acquire);
-        (seen & (PARKED | WEIGHTED_ONE | CLOSED) == 0).then_some(seen)
-    }
-
-    /// After the fast path found every slot held: whether the word is still
-    /// what [`calm`](Self::calm) read, so that no weighted claim began or
-    /// ended meanwhile, and every slot the scan saw held really was (not
-    /// taken for a weighted claim that is giving it back).
-    ///
-    /// The `Acquire` fence pairs with the release half of the weighted
-    /// claim's compare-and-exchange on a slot: a scan that saw a slot taken
-    /// for it then sees the count it raised before taking it.
-    #[inline(always)]
-    pub(crate) fn unchanged(&self, seen: u64) -> bool {
-        fence(Ordering::Acquire);
-        self.parked.load(Ordering::Relaxed) == seen
+    pub(crate) fn calm(&self) -> bool {
+        self.parked.load(Ordering::Relaxed) & (PARKED | CLOSED) == 0
     }
 
     pub(crate) fn is_closed(&self) -> bool {
@@ -180,7 +157,7 @@ impl Waiters {
     }
 
     /// One parked caller fewer. Never below zero: a borrow would run into
-    /// the count of weighted claims and `CLOSED`, and close the bulkhead.
+    /// `CLOSED`, and close the bulkhead.
     fn count_out(&self) {
         let _ = self
             .parked
@@ -190,31 +167,10 @@ impl Waiters {
             });
     }
 
-    /// Claims `weight` slots for a caller, under the line's lock. A weighted
-    /// claim takes its slots one at a time and gives them back if it cannot
-    /// have them all: the count of weighted claims, raised before and after,
-    /// sends a caller on the fast path that found every slot held here, to
-    /// wait on the lock for the claim to end rather than be shed beside
-    /// slots about to come free.
+    /// Claims `weight` slots for a caller, under the line's lock. `SeqCst`:
+    /// the waiting side of the store-buffering pattern with a releaser.
     fn claim(&self, slots: &SlotTable, now: u64, weight: usize) -> Option<Claim> {
-        if weight <= 1 {
-            return slots.try_claim_weighted(now, weight, Ordering::SeqCst);
-        }
-        self.count_weighted_claim();
-        let claim = slots.try_claim_weighted(now, weight, Ordering::SeqCst);
-        self.count_weighted_claim();
-        claim
-    }
-
-    fn count_weighted_claim(&self) {
-        // `SeqCst`, a release among others: a fast-path caller that sees a
-        // slot this claim took, or gave back, sees this count too (see
-        // `calm` and `unchanged`).
-        let _ = self
-            .parked
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |word| {
-                Some((word & !WEIGHTED) | (word.wrapping_add(WEIGHTED_ONE) & WEIGHTED))
-            });
+        slots.try_claim_weighted(now, weight, Ordering::SeqCst)
     }
 
     /// How many callers of each priority are parked now.
@@ -396,15 +352,9 @@ impl Waiters {
             };
             // The very entry seen, even if a custom order would now pick another.
             let head = queue.take(place);
-            let claim = claim.granted_to_waiter();
-            // Counted before the caller can see it: it may run, and release,
-            // at once. Reclaimed slots were counted as held already.
-            let counted = claim.weight() - claim.reclaimed_slots();
-            slots.count_in(counted);
             if !self.resolve(queue, &head, NodeState::Granted(claim), woken) {
                 // Cannot happen while the queue is locked; never strand the slot.
                 slots.release(&claim);
-                slots.count_out(counted);
             }
         }
         if self.count() == 0 {
@@ -529,7 +479,7 @@ mod tests {
             QueueOrder::AdaptiveLifo { after: 2 },
             QueueOrder::custom(|a, b| a.priority().cmp(&b.priority())),
         ] {
-            let slots = SlotTable::new(1, HOLD, None);
+            let slots = SlotTable::new(1, 1, HOLD, None);
             let _held = slots.try_claim(1, Ordering::Relaxed).unwrap();
             let waiters = Waiters::new(order.clone());
             // Steady overload with three priorities: ten wait, and each new
@@ -592,7 +542,7 @@ mod tests {
 
     #[test]
     fn wakers_run_after_the_line_is_unlocked() {
-        let slots = SlotTable::new(1, HOLD, None);
+        let slots = SlotTable::new(1, 1, HOLD, None);
         let waiters = Arc::new(Waiters::default());
         let held = slots.try_claim(1, Ordering::Relaxed).unwrap();
 
