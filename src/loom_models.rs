@@ -380,6 +380,30 @@ fn loom_a_lowered_limit_racing_claims_and_releases_never_over_admits() {
     });
 }
 
+/// A reset races a claim that sweeps a leaked weighted claim: whichever
+/// frees its entry gives back its whole weight, once, so the count ends
+/// at what the ledger holds.
+#[test]
+fn loom_a_reset_racing_a_sweep_gives_a_weighted_claim_back_once() {
+    loom::model(|| {
+        let table = Arc::new(SlotTable::new(4, 1, HOLD, None));
+        let _leaked = table.try_claim_weighted(1, 3, Ordering::Relaxed).unwrap();
+        let _held = table.try_claim(1, Ordering::Relaxed).unwrap();
+        let expired = 1 + HOLD;
+        let resetter = {
+            let table = table.clone();
+            thread::spawn(move || table.reset())
+        };
+        let _claim = table.try_claim(expired, Ordering::Relaxed);
+        resetter.join().unwrap();
+        assert_eq!(
+            table.in_flight(),
+            table.held(expired),
+            "slots counted that nobody holds, or held uncounted"
+        );
+    });
+}
+
 /// Two claims past the deadlines of two leaked slots: one of them sweeps,
 /// and the other waits for the sweep rather than be shed beside an expired
 /// slot. Both get a slot.

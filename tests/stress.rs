@@ -257,9 +257,9 @@ fn threads_hammering_try_acquire_never_exceed_the_limit() {
     assert_eq!(bulkhead.in_flight(), 0);
 }
 
-/// A table with three levels in its free map (over 4,096 slots), filled and
-/// emptied again and again: one thread is shed exactly when every slot is
-/// held, never beside a free one, and the count of slots held stays exact.
+/// A large table (a ledger of 10,000 entries), filled and emptied again and
+/// again: one thread is shed exactly when every slot is held, never beside
+/// a free one, and the count of slots held stays exact.
 #[test]
 fn at_a_large_limit_one_thread_is_shed_exactly_when_every_slot_is_held() {
     const LARGE: usize = 5_000;
@@ -336,10 +336,8 @@ fn at_a_large_limit_threads_filling_the_table_never_exceed_it() {
 /// limit in all: at every moment a slot is free for the caller that asks,
 /// so none is ever shed. Each thread serves a few callers in turn, each
 /// dropping its permit and taking another, so callers keep moving between
-/// slots while others search: a search that looked while a caller released
-/// a slot ahead of it and took one behind it once saw every slot held. (It
-/// fails within a million calls with the recheck after a
-/// search removed.)
+/// ledger entries while others claim: the count, not the entries, decides
+/// admission, so a claim never sees a slot held that was free.
 #[test]
 fn callers_that_each_hold_one_slot_at_most_are_never_shed_on_many_threads() {
     for (threads, callers_each) in [(2, 1), (2, 2), (3, 1), (2, 3), (3, 2)] {

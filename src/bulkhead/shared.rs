@@ -287,10 +287,13 @@ impl Shared {
     }
 
     /// Reports the slots that sweeps reclaimed since the last report:
-    /// counted, a warning and an event each.
+    /// counted, a warning and an event each. A sweep frees every expired
+    /// slot, and the claim that swept takes only its own: the others go to
+    /// whoever is parked, as released ones would.
     pub(crate) fn report_reclaimed(&self) {
         let reclaimed = self.slots.take_reclaimed();
         if reclaimed > 0 {
+            self.waiters.after_release(&self.slots, &self.clock);
             self.observer.reclaimed_with_events(reclaimed);
             self.observer.bytes(|| self.slots.bytes_reserved());
         }
@@ -366,7 +369,7 @@ impl Shared {
         if reserved.is_none() {
             let recovered = shared.slots.recover_expired_bytes(shared.clock.now());
             // Tried again whether or not this call recovered any: another
-            // may have, between the first try and the survey.
+            // may have, between the first try and the sweep.
             reserved = shared.slots.reserve_bytes(&claim, bytes);
             if recovered {
                 // Bytes of holders that vanished were what filled the budget;

@@ -68,16 +68,20 @@ impl SlotTable {
     /// are no longer there: a reclaim or a reset has given them back.
     pub(crate) fn unrecord_bytes(&self, claim: &Claim, bytes: u64) -> bool {
         let mine = (bytes << GENERATION_BITS) | generation(claim.word());
-        self.records.get(claim.index()).is_some_and(|record| {
-            record
-                .compare_exchange(
-                    mine,
-                    generation(claim.word()),
-                    Ordering::SeqCst,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-        })
+        // A record is told apart by its 22-bit generation: the entry still
+        // holding this claim's word rules out a newer holder's.
+        let swept = self.ledger.entry(claim.index()).load(Ordering::SeqCst) != claim.word();
+        !swept
+            && self.records.get(claim.index()).is_some_and(|record| {
+                record
+                    .compare_exchange(
+                        mine,
+                        generation(claim.word()),
+                        Ordering::SeqCst,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
+            })
     }
 
     pub(crate) fn give_back_bytes(&self, bytes: u64, epoch: Epoch) {

@@ -176,26 +176,40 @@ impl Ledger {
     }
 
     /// Whether any entry is past its deadline at `now`, without freeing it.
-    pub(super) fn any_expired(&self, now: u64) -> bool {
-        self.sweep_due(now)
-            && self.entries.iter().any(|entry| {
-                let until = deadline(entry.load(Ordering::SeqCst));
-                until != 0 && until <= now
-            })
+    /// A look that finds none moves the sweep's date on to the earliest
+    /// deadline, as a sweep would, so that the next costs one load.
+    pub(super) fn any_expired(&self, now: u64, hold: u64) -> bool {
+        if !self.sweep_due(now) {
+            return false;
+        }
+        let _sweeping = lock(&self.sweeping);
+        if !self.sweep_due(now) {
+            return false;
+        }
+        let mut earliest = now.saturating_add(hold);
+        for entry in self.entries.iter() {
+            match deadline(entry.load(Ordering::SeqCst)) {
+                0 => {}
+                until if until <= now => return true,
+                until => earliest = earliest.min(until),
+            }
+        }
+        self.next_sweep.store(earliest, Ordering::Release);
+        false
     }
 
-    /// Frees every entry, whoever holds it, handing each held word to
-    /// `freed_one`. Each gets a new generation, so the claims that held
-    /// them can no longer free anything.
+    /// Frees every held entry, whoever holds it, handing each held word to
+    /// `freed_one`, under the sweep's lock (so that no sweep gives back what
+    /// this frees, or bytes from before it). Each gets a new generation, so
+    /// the claims that held them can no longer free anything.
     pub(super) fn clear(&self, mut freed_one: impl FnMut(usize, u64)) {
+        let _sweeping = lock(&self.sweeping);
         for (index, entry) in self.entries.iter().enumerate() {
             // `SeqCst`, as a release is: waiters find these as released.
-            let word = entry
-                .fetch_update(Ordering::SeqCst, Ordering::Relaxed, |word| {
-                    Some(freed(word))
-                })
-                .unwrap_or_else(|word| word);
-            if deadline(word) != 0 {
+            let held = entry.fetch_update(Ordering::SeqCst, Ordering::Relaxed, |word| {
+                (deadline(word) != 0).then(|| freed(word))
+            });
+            if let Ok(word) = held {
                 freed_one(index, word);
             }
         }
@@ -211,6 +225,11 @@ impl Ledger {
 /// in its cache, and threads spread out over the ledger.
 #[inline(always)]
 pub(super) fn start(len: usize) -> usize {
+    // Loom runs each thread on stacks placed anew in every execution: a
+    // start from the stack would make its models nondeterministic.
+    if cfg!(tower_inflight_loom) {
+        return 0;
+    }
     let local = 0_u8;
     let stack = (std::ptr::addr_of!(local) as usize >> 21) as u64;
     let hash = stack.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;

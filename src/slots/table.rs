@@ -5,13 +5,15 @@ use crate::slots::admission::Admission;
 use crate::slots::ledger::{self, deadline, Ledger, GENERATION_BITS, MAX_DEADLINE};
 use crate::slots::{ByteBudget, Claim};
 use crate::sync::{lock, AtomicU64, AtomicUsize, Mutex, Ordering};
+use std::collections::HashMap;
 
 /// The largest `limit` a bulkhead accepts.
 pub(crate) const MAX_SLOTS: usize = 1 << 20;
 
 /// A claim is chosen to sample the slots held (for the minute's peak, and
 /// for the hold-time histogram) when its word's generation, masked with
-/// this, is 1: the first claim of each entry, and one in 64 after.
+/// this, is 1: the first claim of each entry, and one in 32 after (a
+/// claim and its release each bump the generation).
 const SAMPLE_MASK: u64 = 63;
 
 #[derive(Debug)]
@@ -29,7 +31,7 @@ pub(crate) struct SlotTable {
     /// The entry and weight of each claim of more than one slot, which a
     /// sweep or a reset needs to give back their count. Locked by such a
     /// claim from before it writes its entry until it is listed.
-    weighted: Mutex<Vec<(usize, u64, usize)>>,
+    weighted: Mutex<HashMap<(usize, u64), usize>>,
     /// Calls admitted, ever.
     admitted: AtomicU64,
     /// Slots reclaimed by sweeps and not yet reported (see
@@ -56,7 +58,7 @@ impl SlotTable {
             hold,
             budget: max_bytes.map(ByteBudget::new),
             records,
-            weighted: Mutex::new(Vec::new()),
+            weighted: Mutex::new(HashMap::new()),
             admitted: AtomicU64::new(0),
             reclaimed: AtomicUsize::new(0),
             #[cfg(feature = "metrics")]
@@ -152,7 +154,7 @@ impl SlotTable {
         } else {
             let mut weighted = lock(&self.weighted);
             let (index, word) = self.ledger.write(start, held_until);
-            weighted.push((index, word, weight));
+            weighted.insert((index, word), weight);
             (index, word)
         };
         Claim::new(index, word, weight, word & SAMPLE_MASK == 1)
@@ -178,14 +180,7 @@ impl SlotTable {
     /// Takes the entry `index`, freed from `word`, off the list of weighted
     /// claims; returns its weight (1 if it was not listed).
     fn unlist(&self, index: usize, word: u64) -> usize {
-        let mut weighted = lock(&self.weighted);
-        match weighted
-            .iter()
-            .position(|&(i, w, _)| (i, w) == (index, word))
-        {
-            Some(at) => weighted.swap_remove(at).2,
-            None => 1,
-        }
+        lock(&self.weighted).remove(&(index, word)).unwrap_or(1)
     }
 
     /// Whether a sweep is due: some claim may have passed its deadline.
@@ -229,16 +224,10 @@ impl SlotTable {
     /// counted, and are released as any.
     pub(crate) fn reset(&self) {
         let mut slots = 0;
-        let mut weighted = lock(&self.weighted);
         self.ledger.clear(|index, word| {
             self.give_back_recorded_bytes(index, word);
-            slots += weighted
-                .iter()
-                .find(|&&(i, w, _)| (i, w) == (index, word))
-                .map_or(1, |&(_, _, weight)| weight);
+            slots += self.unlist(index, word);
         });
-        weighted.clear();
-        drop(weighted);
         self.admission.give_back_reset(slots);
         self.gauge(-(slots as f64));
         if let Some(budget) = &self.budget {
@@ -250,7 +239,7 @@ impl SlotTable {
     /// or once a sweep frees an expired claim. Reads the whole ledger only
     /// when full with a sweep due.
     pub(crate) fn has_room(&self, now: u64, weight: usize) -> bool {
-        self.admission.fits(weight) || self.ledger.any_expired(now)
+        self.admission.fits(weight) || self.ledger.any_expired(now, self.hold)
     }
 
     /// Whether a slot could be had at `now` (see [`has_room`](Self::has_room)).
@@ -373,6 +362,17 @@ mod tests {
         );
         assert_eq!(table.reclaim_expired(50 + HOLD), 1);
         assert_eq!(table.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_look_for_expired_claims_that_finds_none_moves_the_sweep_on() {
+        let table = table(1);
+        let _held = table.try_claim(50, Ordering::Relaxed).unwrap();
+        assert!(table.sweep_due(1 + HOLD), "the bound from its making");
+        assert!(!table.any_free(1 + HOLD));
+        assert!(!table.sweep_due(1 + HOLD), "the next look costs one load");
+        assert!(table.any_free(50 + HOLD));
+        assert_eq!(table.in_flight(), 1, "a look frees nothing");
     }
 
     #[test]
