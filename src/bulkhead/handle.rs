@@ -212,8 +212,8 @@ impl Bulkhead {
     /// waits. One permit holds them all, and gives them all back when
     /// dropped. A weight of 0 or over the limit is refused with
     /// [`ShedReason::InvalidWeight`](crate::ShedReason::InvalidWeight). A weight of 1 is
-    /// [`try_acquire`](Self::try_acquire); above that, the claim takes the
-    /// waiter queue's lock and allocates the list of its slots.
+    /// [`try_acquire`](Self::try_acquire); above that, the claim also notes
+    /// its weight, behind a lock, so that a reclaim gives all of it back.
     ///
     /// ```
     /// use std::time::Duration;
