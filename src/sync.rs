@@ -72,3 +72,16 @@ pub(crate) fn loom_seqcst_fence() {
     #[cfg(tower_inflight_loom)]
     loom::sync::atomic::fence(Ordering::SeqCst);
 }
+
+/// A hash of the calling thread, from where its stack is: threads' stacks
+/// lie megabytes apart, so the address of a local, in units of 2 MiB (the
+/// default size of a spawned thread's stack), tells threads apart without a
+/// thread-local lookup. Fibonacci hashing: the top bits of the product
+/// spread neighbours out. A thread whose stack crosses such a boundary
+/// hashes anew, which every user of it tolerates.
+#[inline(always)]
+pub(crate) fn thread_hash() -> u64 {
+    let local = 0_u8;
+    let stack = (std::ptr::addr_of!(local) as usize >> 21) as u64;
+    stack.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}

@@ -9,7 +9,7 @@
 //! own counts and its own copy of the name.
 
 use crate::error::ShedReason;
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{thread_hash, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Lanes per bulkhead: threads beyond this share lanes, which still splits
@@ -56,19 +56,11 @@ impl Refusals {
     }
 }
 
-/// A lane for the calling thread, from where its stack is: threads' stacks
-/// lie megabytes apart, so the address of a local, in units of 2 MiB (the
-/// default size of a spawned thread's stack), tells threads apart without
-/// the thread-local lookup that cost a refusal on one thread as much as
-/// the lanes saved under contention. A thread whose stack crosses such a
-/// boundary counts in another lane, which is as correct.
+/// A lane for the calling thread (see [`thread_hash`]).
 #[inline]
 fn this_threads_lane() -> usize {
     const _: () = assert!(LANES.is_power_of_two());
-    let local = 0_u8;
-    let stack = (std::ptr::addr_of!(local) as usize >> 21) as u64;
-    // Fibonacci hashing: the top bits of the product spread neighbours out.
-    (stack.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (u64::BITS - LANES.trailing_zeros())) as usize
+    (thread_hash() >> (u64::BITS - LANES.trailing_zeros())) as usize
 }
 
 #[cfg(all(test, not(tower_inflight_loom)))]

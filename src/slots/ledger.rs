@@ -216,13 +216,10 @@ impl Ledger {
     }
 }
 
-/// Where the calling thread starts probing a ledger of `len` entries.
-///
-/// Threads' stacks lie megabytes apart, so the address of a local, in units
-/// of 2 MiB (the default size of a spawned thread's stack), tells threads
-/// apart without a thread-local lookup; hashed, and mapped onto `0..len` by
-/// a multiply and a shift. A thread returns to the entry it freed last, still
-/// in its cache, and threads spread out over the ledger.
+/// Where the calling thread starts probing a ledger of `len` entries: its
+/// hash mapped onto `0..len` by a multiply and a shift. A thread returns to
+/// the entry it freed last, still in its cache, and threads spread out over
+/// the ledger.
 #[inline(always)]
 pub(super) fn start(len: usize) -> usize {
     // Loom runs each thread on stacks placed anew in every execution: a
@@ -230,8 +227,5 @@ pub(super) fn start(len: usize) -> usize {
     if cfg!(tower_inflight_loom) {
         return 0;
     }
-    let local = 0_u8;
-    let stack = (std::ptr::addr_of!(local) as usize >> 21) as u64;
-    let hash = stack.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
-    ((hash * len as u64) >> 32) as usize
+    (((crate::sync::thread_hash() >> 32) * len as u64) >> 32) as usize
 }
