@@ -336,9 +336,8 @@ impl Shared {
     pub(super) fn left_to_drain(&self) -> (usize, usize) {
         let mut in_flight = self.slots.in_flight();
         if in_flight > 0 && self.slots.reclaim_expired(self.clock.now()) > 0 {
+            // Reported, and handed to whoever is parked.
             self.report_reclaimed();
-            // Freed: handed to whoever is parked, as a release would.
-            self.waiters.after_release(&self.slots, &self.clock);
             in_flight = self.slots.in_flight();
         }
         (in_flight, self.waiters.parked())
@@ -373,10 +372,9 @@ impl Shared {
             reserved = shared.slots.reserve_bytes(&claim, bytes);
             if recovered {
                 // Bytes of holders that vanished were what filled the budget;
-                // their slots came back with them: handed to whoever is
-                // parked rather than left until the next release.
+                // their slots came back with them: reported, and handed to
+                // whoever is parked rather than left until the next release.
                 shared.report_reclaimed();
-                shared.waiters.after_release(&shared.slots, &shared.clock);
             }
         }
         shared.observer.bytes(|| shared.slots.bytes_reserved());

@@ -148,54 +148,52 @@ impl Ledger {
         hold: u64,
         mut freed_one: impl FnMut(usize, u64),
     ) -> usize {
-        if !self.sweep_due(now) {
-            return 0;
-        }
-        let _sweeping = lock(&self.sweeping);
-        if !self.sweep_due(now) {
-            return 0;
-        }
-        // Claims made from now on expire at `now + hold` or later.
-        let mut earliest = now.saturating_add(hold);
         let mut count = 0;
-        for (index, entry) in self.entries.iter().enumerate() {
-            let word = entry.load(Ordering::SeqCst);
-            let until = deadline(word);
-            if until == 0 {
-                continue;
-            }
-            if until > now {
-                earliest = earliest.min(until);
-            } else if self.free(index, word) {
+        self.scan(now, hold, |index, word| {
+            if self.free(index, word) {
                 freed_one(index, word);
                 count += 1;
             }
-        }
-        self.next_sweep.store(earliest, Ordering::Release);
+            true
+        });
         count
     }
 
     /// Whether any entry is past its deadline at `now`, without freeing it.
-    /// A look that finds none moves the sweep's date on to the earliest
-    /// deadline, as a sweep would, so that the next costs one load.
+    /// A look that finds none moves the sweep's date on, as a sweep would,
+    /// so that the next costs one load.
     pub(super) fn any_expired(&self, now: u64, hold: u64) -> bool {
+        !self.scan(now, hold, |_, _| false)
+    }
+
+    /// If a sweep is due, hands each entry past its deadline at `now` to
+    /// `expired`, under the sweep's lock, until it returns `false`. A scan
+    /// that goes through moves the sweep's date on to the earliest deadline
+    /// still held, and returns `true`.
+    fn scan(&self, now: u64, hold: u64, mut expired: impl FnMut(usize, u64) -> bool) -> bool {
         if !self.sweep_due(now) {
-            return false;
+            return true;
         }
         let _sweeping = lock(&self.sweeping);
         if !self.sweep_due(now) {
-            return false;
+            return true;
         }
+        // Claims made from now on expire at `now + hold` or later.
         let mut earliest = now.saturating_add(hold);
-        for entry in self.entries.iter() {
-            match deadline(entry.load(Ordering::SeqCst)) {
+        for (index, entry) in self.entries.iter().enumerate() {
+            let word = entry.load(Ordering::SeqCst);
+            match deadline(word) {
                 0 => {}
-                until if until <= now => return true,
+                until if until <= now => {
+                    if !expired(index, word) {
+                        return false;
+                    }
+                }
                 until => earliest = earliest.min(until),
             }
         }
         self.next_sweep.store(earliest, Ordering::Release);
-        false
+        true
     }
 
     /// Frees every held entry, whoever holds it, handing each held word to
