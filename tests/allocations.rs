@@ -166,11 +166,22 @@ fn heap_of(limit: usize) -> isize {
 
 #[test]
 fn each_slot_takes_at_most_16_bytes_at_any_limit() {
-    let fixed = heap_of(1);
-    for limit in [4, 1024, 65_536, 1 << 20] {
-        let bytes = (heap_of(limit) - fixed) as f64 / (limit - 1) as f64;
+    // From a limit of 16 up, what a bulkhead keeps beside its slots no
+    // longer grows with the limit (a small one has fewer refusal lanes).
+    let fixed = heap_of(16);
+    for limit in [1024, 65_536, 1 << 20] {
+        let bytes = (heap_of(limit) - fixed) as f64 / (limit - 16) as f64;
         assert!(bytes <= 16.0, "{bytes:.2} bytes a slot at limit {limit}");
     }
+}
+
+/// A bulkhead of a few slots, as a keyed bulkhead keeps for each key,
+/// keeps no refusal lanes it cannot use: under 2 KiB of heap at limit 4.
+#[test]
+fn a_bulkhead_of_four_slots_keeps_under_two_kib() {
+    let bytes = heap_of(4);
+    assert!(bytes < 2048, "{bytes} bytes at limit 4");
+    assert!(bytes < heap_of(16), "{bytes} bytes at limit 4");
 }
 
 /// A key held already costs its calls no allocation, admitted or shed, by

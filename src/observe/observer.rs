@@ -25,21 +25,18 @@ pub(crate) struct Observer {
 
 impl Observer {
     /// `name` and `limit` label the metrics and logs, when those features
-    /// are on.
-    #[cfg_attr(
-        not(any(feature = "metrics", feature = "tracing")),
-        allow(unused_variables)
-    )]
+    /// are on; the limit also sizes the refusal lanes.
     pub(crate) fn new(
         name: Option<&str>,
         limit: usize,
         hook: Option<Hook>,
         rollups: Rollups,
     ) -> Self {
+        #[cfg(any(feature = "metrics", feature = "tracing"))]
         let service = name.unwrap_or("bulkhead");
         Self {
             hook,
-            refusals: Refusals::new(name),
+            refusals: Refusals::new(name, limit),
             reclaimed: AtomicU64::new(0),
             waits: AtomicU64::new(0),
             wait_nanos: AtomicU64::new(0),

@@ -4,16 +4,19 @@
 //! clones the bulkhead's name into its error. Kept in one place, the count
 //! and the name's reference count would be two cache lines that every
 //! shedding thread writes, moving between cores on every refusal. So a
-//! thread counts, and clones the name, in a lane of its own: one of 16,
-//! each aligned to cache lines of its own (2 KiB in all) and holding its
-//! own counts and its own copy of the name.
+//! thread counts, and clones the name, in a lane of its own: one of up to
+//! 16, each aligned to cache lines of its own (128 bytes) and holding its
+//! own counts and its own copy of the name. A small bulkhead (a key of a
+//! keyed bulkhead, most often) has as many lanes as its limit rounded up to
+//! a power of two: lanes cost memory in every key, and a bulkhead of a
+//! few slots has few calls to spread.
 
 use crate::error::ShedReason;
 use crate::sync::{thread_hash, AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Lanes per bulkhead: threads beyond this share lanes, which still splits
-/// their writes this many ways.
+/// The most lanes a bulkhead has: threads beyond this share lanes, which
+/// still splits their writes this many ways.
 const LANES: usize = 16;
 
 #[derive(Debug)]
@@ -29,8 +32,10 @@ pub(crate) struct Refusals {
 }
 
 impl Refusals {
-    pub(crate) fn new(name: Option<&str>) -> Self {
-        let lanes = (0..LANES)
+    /// The lanes of a bulkhead of `limit` slots, whose refusals carry
+    /// `name`.
+    pub(crate) fn new(name: Option<&str>, limit: usize) -> Self {
+        let lanes = (0..limit.clamp(1, LANES).next_power_of_two())
             .map(|_| Lane {
                 refused: Default::default(),
                 name: name.map(Arc::from),
@@ -42,7 +47,7 @@ impl Refusals {
     /// Counts a refusal for `reason` in this thread's lane, and gives the
     /// lane's copy of the name for the refusal's error.
     pub(crate) fn refuse(&self, reason: ShedReason) -> Option<Arc<str>> {
-        let lane = &self.lanes[this_threads_lane()];
+        let lane = &self.lanes[this_threads_lane() & (self.lanes.len() - 1)];
         lane.refused[reason.index()].fetch_add(1, Ordering::Relaxed);
         lane.name.clone()
     }
@@ -69,7 +74,7 @@ mod tests {
 
     #[test]
     fn counts_every_refusal_by_reason_and_hands_out_the_name() {
-        let refusals = Refusals::new(Some("payments"));
+        let refusals = Refusals::new(Some("payments"), 64);
         let names: Vec<_> = std::thread::scope(|scope| {
             let threads: Vec<_> = (0..4)
                 .map(|_| scope.spawn(|| refusals.refuse(ShedReason::LimitReached)))
