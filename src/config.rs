@@ -41,6 +41,7 @@ pub struct Config {
     pub(crate) saturation_signal: Option<Thresholds>,
     pub(crate) queue_order: QueueOrder,
     pub(crate) codel: Option<CodelSettings>,
+    pub(crate) adaptive: Option<crate::adaptive::Adaptive>,
     #[cfg(feature = "redis")]
     pub(crate) cluster: Option<crate::redis::ClusterCeiling>,
 }
@@ -69,6 +70,7 @@ impl Config {
             saturation_signal: None,
             queue_order: QueueOrder::Fifo,
             codel: None,
+            adaptive: None,
             #[cfg(feature = "redis")]
             cluster: None,
         }
@@ -173,6 +175,28 @@ impl Config {
         self
     }
 
+    /// Makes the limit adaptive: it moves between
+    /// [`Adaptive::min`](crate::adaptive::Adaptive::min) and this
+    /// configuration's `limit`, from each call's outcome and latency (see
+    /// [`adaptive`](crate::adaptive)). [`Bulkhead::limit`](crate::Bulkhead::limit)
+    /// and the status report the limit in force.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_inflight::adaptive::Adaptive;
+    /// use tower_inflight::{Bulkhead, Config};
+    ///
+    /// let bulkhead = Bulkhead::new(
+    ///     Config::new(200, Duration::from_secs(30)).adaptive(Adaptive::default()),
+    /// );
+    /// assert_eq!(bulkhead.limit(), 20);
+    /// assert_eq!(bulkhead.status().max_limit, 200);
+    /// ```
+    pub fn adaptive(mut self, adaptive: crate::adaptive::Adaptive) -> Self {
+        self.adaptive = Some(adaptive);
+        self
+    }
+
     /// Calls `hook` for every [`Event`]: a call admitted or shed, a slot
     /// reclaimed, a wait ended. The hook runs on the caller's thread, inside
     /// the bulkhead's bookkeeping, so it must be quick and must not block;
@@ -243,6 +267,28 @@ impl Config {
                         self.reclaim_after
                     ),
                 ));
+            }
+        }
+        if let Some(adaptive) = &self.adaptive {
+            if adaptive.min == 0 || adaptive.min > self.limit {
+                return Err(ConfigError::new(
+                    "adaptive.min",
+                    format!(
+                        "{} must be at least 1 and at most the limit ({})",
+                        adaptive.min, self.limit
+                    ),
+                ));
+            }
+            if let Some(initial) = adaptive.initial {
+                if initial < adaptive.min || initial > self.limit {
+                    return Err(ConfigError::new(
+                        "adaptive.initial",
+                        format!(
+                            "{initial} must be within adaptive.min ({}) and the limit ({})",
+                            adaptive.min, self.limit
+                        ),
+                    ));
+                }
             }
         }
         if self.max_waiting == Some(0) {

@@ -114,6 +114,7 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod adaptive;
 mod bulkhead;
 mod config;
 mod error;

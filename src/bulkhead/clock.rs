@@ -165,6 +165,19 @@ impl Clock {
         ceil_ticks(duration, self.ticks_per_sec())
     }
 
+    /// A precise reading, from an arbitrary start: for latencies, which a
+    /// tick of the coarse clock is too coarse to measure. `Instant::now()`
+    /// on the system clocks, so only adaptive limits pay for it.
+    pub(crate) fn precise_elapsed(&self) -> Duration {
+        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        match self {
+            Clock::Manual(manual) => manual.elapsed(),
+            Clock::Coarse { .. } | Clock::Precise { .. } => {
+                START.get_or_init(std::time::Instant::now).elapsed()
+            }
+        }
+    }
+
     pub(crate) fn duration(&self, ticks: u64) -> Duration {
         let per_sec = self.ticks_per_sec();
         Duration::from_secs(ticks / per_sec)

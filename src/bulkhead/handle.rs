@@ -382,6 +382,7 @@ impl Bulkhead {
         Status {
             name: self.name().map(str::to_owned),
             limit: self.limit(),
+            max_limit: shared.config.limit,
             in_flight,
             available: self.limit().saturating_sub(in_flight),
             waiting: waiting_by_priority.values().sum(),

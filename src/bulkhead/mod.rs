@@ -22,4 +22,4 @@ pub use permit::{BorrowedPermit, ByteReservation, Permit};
 pub(crate) use clock::{max_reclaim_after, Clock};
 pub(crate) use leasing::{lapsed, HeldLease, Leasing};
 pub(crate) use permit::Granted;
-pub(crate) use shared::{History, Shared};
+pub(crate) use shared::{History, Shared, Started};

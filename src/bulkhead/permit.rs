@@ -1,7 +1,8 @@
 //! The permit: one held slot (and, where taken, a share of the byte budget),
 //! given back when dropped.
 
-use crate::bulkhead::{lapsed, HeldLease, Shared};
+use crate::adaptive::Outcome;
+use crate::bulkhead::{lapsed, HeldLease, Shared, Started};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::slots::{Claim, Share};
 use crate::sync::{Arc, Ordering};
@@ -21,8 +22,39 @@ pub struct Permit {
     shared: Arc<Shared>,
     claim: Claim,
     share: Share,
+    /// For an adaptive limit: when the call started, and what its drop
+    /// says if [`record`](Self::record) was not called. `None` without an
+    /// adaptive limit, or once recorded.
+    sample: Option<PendingSample>,
     // Dropped after the local slot is let go (fields drop after `drop`).
     lease: HeldLease,
+}
+
+/// A permit's sample for the adaptive limit, not yet recorded.
+#[derive(Clone, Copy, Debug)]
+struct PendingSample {
+    started: Started,
+    on_drop: Outcome,
+}
+
+impl PendingSample {
+    fn new(started: Started) -> Self {
+        Self {
+            started,
+            on_drop: Outcome::Success,
+        }
+    }
+
+    /// The permit was dropped with no outcome recorded.
+    #[cold]
+    fn dropped_unrecorded(self, shared: &Shared) {
+        let outcome = if std::thread::panicking() {
+            Outcome::Ignore
+        } else {
+            self.on_drop
+        };
+        shared.record_outcome(self.started, outcome);
+    }
 }
 
 /// One slot of a [`Bulkhead`](crate::Bulkhead), borrowed from it for a
@@ -34,6 +66,8 @@ pub struct Permit {
 pub struct BorrowedPermit<'a> {
     shared: &'a Shared,
     claim: Claim,
+    /// As a [`Permit`]'s.
+    sample: Option<PendingSample>,
 }
 
 impl<'a> BorrowedPermit<'a> {
@@ -43,7 +77,19 @@ impl<'a> BorrowedPermit<'a> {
         // in memory across the call, which cost the fast path 8 ns. A hook
         // that panics here gives the slot back itself (see `admitted`).
         shared.admitted(&claim, Share::NONE);
-        Self { shared, claim }
+        let sample = shared.start_sample().map(PendingSample::new);
+        Self {
+            shared,
+            claim,
+            sample,
+        }
+    }
+
+    /// As [`Permit::record`].
+    pub fn record(&mut self, outcome: Outcome) {
+        if let Some(pending) = self.sample.take() {
+            self.shared.record_outcome(pending.started, outcome);
+        }
     }
 
     /// Whether this slot was reclaimed from an earlier holder that kept it
@@ -57,6 +103,9 @@ impl Drop for BorrowedPermit<'_> {
     #[inline(always)]
     fn drop(&mut self) {
         self.shared.release_permit(&self.claim);
+        if let Some(pending) = self.sample.take() {
+            pending.dropped_unrecorded(self.shared);
+        }
     }
 }
 
@@ -115,12 +164,63 @@ impl Permit {
     pub(crate) fn with_share(shared: Arc<Shared>, claim: Claim, share: Share) -> Self {
         // Counted before the permit is built, as for `BorrowedPermit::new`.
         shared.admitted(&claim, share);
+        let sample = shared.start_sample().map(PendingSample::new);
         Self {
             shared,
             claim,
             share,
+            sample,
             lease: HeldLease::default(),
         }
+    }
+
+    /// Tells the bulkhead's adaptive limit how the call went, now: its
+    /// latency is measured to this moment. Without it, a permit dropped is
+    /// a [`Success`](Outcome::Success) measured to its drop (or ignored if
+    /// its thread is panicking). Only the first outcome counts; without an
+    /// adaptive limit it does nothing. The layers record their calls'
+    /// outcomes themselves.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_inflight::adaptive::{Adaptive, Outcome};
+    /// use tower_inflight::{Bulkhead, Config};
+    ///
+    /// let bulkhead = Bulkhead::new(
+    ///     Config::new(100, Duration::from_secs(30)).adaptive(Adaptive::default()),
+    /// );
+    /// let mut permit = bulkhead.try_acquire().unwrap();
+    /// // The call was answered from a cache: no sample of the dependency.
+    /// permit.record(Outcome::Ignore);
+    /// ```
+    pub fn record(&mut self, outcome: Outcome) {
+        if let Some(pending) = self.sample.take() {
+            self.shared.record_outcome(pending.started, outcome);
+        }
+    }
+
+    /// Unless [`record`](Self::record) is called, the permit's drop is no
+    /// sample: a layer's call cancelled before it finished says nothing.
+    #[inline]
+    pub(crate) fn ignore_unless_recorded(&mut self) {
+        if let Some(pending) = &mut self.sample {
+            pending.on_drop = Outcome::Ignore;
+        }
+    }
+
+    /// Records the outcome of a call that ended with `result`: an error is
+    /// classified by the adaptive limit (a timeout is a drop).
+    #[inline]
+    pub(crate) fn record_result<T>(&mut self, result: Result<&T, &crate::BoxError>) {
+        if self.sample.is_none() {
+            return;
+        }
+        let outcome = match (result, self.shared.adaptive()) {
+            (Ok(_), _) => Outcome::Success,
+            (Err(error), Some(adaptive)) => adaptive.classify_error(&**error),
+            (Err(_), None) => Outcome::Ignore,
+        };
+        self.record(outcome);
     }
 
     /// Takes the permit's bytes off its slot's record; 0 if a reclaim or a
@@ -298,6 +398,9 @@ impl Drop for Permit {
         #[cfg(feature = "redis")]
         drop(self.lease.take());
         self.shared.let_go(&self.claim, self.share);
+        if let Some(pending) = self.sample.take() {
+            pending.dropped_unrecorded(&self.shared);
+        }
     }
 }
 

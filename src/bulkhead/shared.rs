@@ -3,6 +3,7 @@
 //! turn of the minute for the status windows, byte reservation, and
 //! refusals.
 
+use crate::adaptive::{AdaptiveLimit, Outcome, Sample};
 use crate::bulkhead::drain::DrainSignal;
 use crate::bulkhead::{Clock, Permit};
 use crate::config::{Config, ConfigError};
@@ -35,6 +36,8 @@ pub(crate) struct Shared {
     pub(super) saturation: Option<SaturationSignal>,
     pub(super) codel: Option<Codel>,
     pub(super) drain: DrainSignal,
+    /// The adaptive limit, if the configuration has one.
+    adaptive: Option<AdaptiveLimit>,
     /// The cluster ceiling's leases, if the configuration has one.
     #[cfg(feature = "redis")]
     cluster: Option<Arc<crate::redis::Cluster>>,
@@ -64,13 +67,23 @@ impl Shared {
             History::Kept => Rollups::new(clock.ticks_per_minute(), clock.now() - 1),
             History::None => Rollups::without_history(clock.ticks_per_minute(), clock.now() - 1),
         };
+        // The limit in force at first: an adaptive one starts lower.
+        let initial = config
+            .adaptive
+            .as_ref()
+            .map_or(config.limit, |adaptive| adaptive.initial_for(config.limit));
         let observer = Observer::new(
             config.name.as_deref(),
-            config.limit,
+            initial,
             config.on_event.clone(),
             rollups,
         );
         let slots = SlotTable::new(config.limit, clock.now(), hold, config.max_bytes);
+        slots.set_limit(initial);
+        let adaptive = config
+            .adaptive
+            .as_ref()
+            .map(|adaptive| AdaptiveLimit::new(adaptive, config.limit));
         #[cfg(feature = "metrics")]
         let slots = slots.with_gauge(observer.in_flight_gauge());
         Ok(Shared {
@@ -81,6 +94,7 @@ impl Shared {
             saturation: config.saturation_signal.map(SaturationSignal::new),
             codel: config.codel.map(Codel::new),
             drain: DrainSignal::default(),
+            adaptive,
             #[cfg(feature = "redis")]
             cluster: config
                 .cluster
@@ -90,6 +104,15 @@ impl Shared {
             config,
         })
     }
+}
+
+/// When and how a call started, for its adaptive limit's sample.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Started {
+    /// On [`Clock::precise_elapsed`].
+    at: Duration,
+    /// Calls in flight once it was admitted.
+    in_flight: usize,
 }
 
 impl Shared {
@@ -500,13 +523,50 @@ impl Shared {
     /// the new room goes to the callers waiting first; lowered, no one is
     /// evicted, and no one is admitted until the calls in flight are under
     /// it.
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "the setter adaptive limits are built on")
-    )]
     pub(crate) fn set_limit(&self, limit: usize) {
         self.slots.set_limit(limit);
         self.waiters.after_release(&self.slots, &self.clock);
+    }
+
+    /// Where a call admitted now starts, for its adaptive limit's sample;
+    /// `None` without one.
+    #[inline(always)]
+    pub(crate) fn start_sample(&self) -> Option<Started> {
+        self.adaptive.as_ref().map(|_| self.started_now())
+    }
+
+    #[cold]
+    fn started_now(&self) -> Started {
+        Started {
+            at: self.clock.precise_elapsed(),
+            in_flight: self.slots.in_flight(),
+        }
+    }
+
+    /// The adaptive limit, if the configuration has one.
+    pub(crate) fn adaptive(&self) -> Option<&AdaptiveLimit> {
+        self.adaptive.as_ref()
+    }
+
+    /// A call that started at `started` ended with `outcome`: a sample for
+    /// the adaptive limit, unless it is to be ignored.
+    pub(crate) fn record_outcome(&self, started: Started, outcome: Outcome) {
+        let (Some(adaptive), false) = (&self.adaptive, outcome == Outcome::Ignore) else {
+            return;
+        };
+        let now = self.clock.precise_elapsed();
+        let sample = Sample::new(
+            now.saturating_sub(started.at),
+            started.in_flight,
+            outcome == Outcome::Dropped,
+            now,
+        );
+        let from = self.slots.limit();
+        let baseline = adaptive.update(&sample, from, |to| {
+            self.set_limit(to);
+            self.observer.limit_changed(from, to);
+        });
+        self.observer.baseline_latency(baseline);
     }
 
     pub(crate) fn waiters(&self) -> &Waiters {

@@ -1,5 +1,6 @@
 //! The response body, which holds the call's slot until it ends.
 
+use crate::adaptive::Outcome;
 use crate::bulkhead::Permit;
 use crate::sync::{lock, Arc, Mutex};
 use bytes::Bytes;
@@ -12,13 +13,42 @@ use std::task::{ready, Context, Poll};
 /// What an admitted request holds until its response body ends: its slot,
 /// and the bytes reserved for it unless its handler took them over.
 pub(crate) enum InFlight {
-    // Never read: it is held for its `Drop`, which frees the slot.
-    Alone(#[allow(dead_code)] Permit),
+    Alone(Permit),
     /// Shared with the [`ReservedBytes`](super::ReservedBytes) in the
     /// request's extensions.
     Shared(Arc<Mutex<Option<Permit>>>),
     /// A key's slot and the ceiling's, from a keyed bulkhead.
-    Keyed(#[allow(dead_code)] crate::keyed::KeyedPermit),
+    Keyed(crate::keyed::KeyedPermit),
+}
+
+impl InFlight {
+    /// Tells the adaptive limit how the call went, as its response's head
+    /// arrives: the slot is held on until the body ends, but the
+    /// dependency's latency is the head's.
+    pub(crate) fn record(&mut self, outcome: Outcome) {
+        match self {
+            InFlight::Alone(permit) => permit.record(outcome),
+            InFlight::Shared(permit) => {
+                if let Some(permit) = lock(permit).as_mut() {
+                    permit.record(outcome);
+                }
+            }
+            InFlight::Keyed(permit) => permit.record(outcome),
+        }
+    }
+}
+
+/// What a response's status says of the dependency: 503, 429, a timeout
+/// (408) and the other 5xx are drops; anything else was served.
+pub(crate) fn outcome_of(status: http::StatusCode) -> Outcome {
+    if status.is_server_error()
+        || status == http::StatusCode::TOO_MANY_REQUESTS
+        || status == http::StatusCode::REQUEST_TIMEOUT
+    {
+        Outcome::Dropped
+    } else {
+        Outcome::Success
+    }
 }
 
 impl Drop for InFlight {

@@ -66,6 +66,7 @@ mod reserved;
 pub(crate) mod response;
 mod service;
 
+pub(crate) use body::outcome_of;
 pub use body::ResponseBody;
 pub use layer::HttpConcurrencyLayer;
 pub use reserved::ReservedBytes;

@@ -169,6 +169,8 @@ where
     S: Service<Request<Limited<ReqBody>>, Response = Response<ResBody>>,
 {
     let (mut parts, body) = request.into_parts();
+    let mut permit = permit;
+    permit.ignore_unless_recorded();
     let in_flight = if permit.bytes() > 0 {
         let bytes = permit.bytes();
         let permit = Arc::new(Mutex::new(Some(permit)));
@@ -297,7 +299,10 @@ where
                 KindProj::Called { future, in_flight } => {
                     let output = ready!(future.poll(cx));
                     // On success the body carries the slot on; on error it is freed here.
-                    let in_flight = in_flight.take();
+                    let mut in_flight = in_flight.take();
+                    if let (Ok(response), Some(in_flight)) = (&output, &mut in_flight) {
+                        in_flight.record(super::body::outcome_of(response.status()));
+                    }
                     return Poll::Ready(output.map(|response| {
                         response.map(|body| ResponseBody::streaming(body, in_flight))
                     }));

@@ -741,6 +741,31 @@ impl Drop for WaitingForCeiling<'_> {
 }
 
 impl KeyedPermit {
+    /// Tells the key's adaptive limit, and the ceiling's, how the call
+    /// went: as [`Permit::record`].
+    pub fn record(&mut self, outcome: crate::adaptive::Outcome) {
+        self.key.record(outcome);
+        if let Some(ceiling) = &mut self.ceiling {
+            ceiling.record(outcome);
+        }
+    }
+
+    /// As [`Permit::ignore_unless_recorded`], for both slots.
+    pub(crate) fn ignore_unless_recorded(&mut self) {
+        self.key.ignore_unless_recorded();
+        if let Some(ceiling) = &mut self.ceiling {
+            ceiling.ignore_unless_recorded();
+        }
+    }
+
+    /// As [`Permit::record_result`], for both slots.
+    pub(crate) fn record_result<T>(&mut self, result: Result<&T, &crate::BoxError>) {
+        self.key.record_result(result);
+        if let Some(ceiling) = &mut self.ceiling {
+            ceiling.record_result(result);
+        }
+    }
+
     /// A key's slot, of a keyed bulkhead with no ceiling.
     fn alone(key: Permit) -> Self {
         Self { key, ceiling: None }

@@ -226,7 +226,8 @@ pin_project! {
 }
 
 impl<F, B, E> KeyedHttpFuture<F, B, E> {
-    fn called(future: F, permit: KeyedPermit) -> Self {
+    fn called(future: F, mut permit: KeyedPermit) -> Self {
+        permit.ignore_unless_recorded();
         Self {
             kind: Kind::Called {
                 future,
@@ -256,7 +257,10 @@ where
                 let output = ready!(future.poll(cx));
                 // On success the body carries the slots on; on error they
                 // are freed here.
-                let permit = permit.take();
+                let mut permit = permit.take();
+                if let (Ok(response), Some(permit)) = (&output, &mut permit) {
+                    permit.record(crate::http::outcome_of(response.status()));
+                }
                 Poll::Ready(output.map(|response| {
                     response
                         .map(|body| ResponseBody::streaming(body, permit.and_then(keyed_in_flight)))

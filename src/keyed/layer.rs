@@ -201,7 +201,8 @@ pin_project! {
 }
 
 impl<F, T> KeyedFuture<F, T> {
-    fn called(future: F, permit: KeyedPermit) -> Self {
+    fn called(future: F, mut permit: KeyedPermit) -> Self {
+        permit.ignore_unless_recorded();
         Self {
             kind: Kind::Called {
                 future,
@@ -233,10 +234,13 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
             KindProj::Called { future, permit } => {
-                let output = ready!(future.poll(cx));
+                let output = ready!(future.poll(cx)).map_err(Into::into);
+                if let Some(permit) = permit {
+                    permit.record_result(output.as_ref());
+                }
                 // The slots are free as soon as the call is done.
                 *permit = None;
-                Poll::Ready(output.map_err(Into::into))
+                Poll::Ready(output)
             }
             KindProj::Waiting { future } => future.as_mut().poll(cx),
             KindProj::Shed { shed } => {

@@ -60,6 +60,14 @@ pub enum Event {
         /// Whether it answers now.
         reachable: bool,
     },
+    /// The adaptive limit ([`Config::adaptive`](crate::Config::adaptive))
+    /// moved.
+    LimitChanged {
+        /// The limit in force before.
+        from: usize,
+        /// The limit in force now.
+        to: usize,
+    },
 }
 
 /// The hook: called on the thread where the event happens, so it must be

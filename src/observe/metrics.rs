@@ -23,6 +23,7 @@ pub(crate) const LIMIT: &str = "tower_inflight_limit";
 pub(crate) const BYTES_RESERVED: &str = "tower_inflight_bytes_reserved";
 pub(crate) const WAIT_SECONDS: &str = "tower_inflight_wait_seconds";
 pub(crate) const HOLD_SECONDS: &str = "tower_inflight_hold_seconds";
+pub(crate) const BASELINE_LATENCY_SECONDS: &str = "tower_inflight_baseline_latency_seconds";
 
 /// How many priorities get a waiting gauge of their own.
 pub(crate) const MAX_PRIORITY_GAUGES: usize = 32;
@@ -38,6 +39,11 @@ pub(crate) struct Metrics {
     pub(crate) wait_seconds: Histogram,
     pub(crate) hold_seconds: Histogram,
     pub(crate) saturation_signal: Gauge,
+    /// The limit in force.
+    pub(crate) limit: Gauge,
+    /// The adaptive limit's baseline latency: registered with the first
+    /// one reported, so that static bulkheads do not report a zero.
+    baseline_latency: std::sync::OnceLock<Gauge>,
     service: String,
     /// The per-priority gauges registered so far: parking is the slow path,
     /// but a registry lookup per park would still be waste.
@@ -50,8 +56,11 @@ impl Metrics {
         let rejected = ShedReason::ALL.map(
             |reason| counter!(REJECTED, "service" => service.clone(), "reason" => reason.as_str()),
         );
-        gauge!(LIMIT, "service" => service.clone()).set(limit as f64);
+        let limit_gauge = gauge!(LIMIT, "service" => service.clone());
+        limit_gauge.set(limit as f64);
         Self {
+            limit: limit_gauge,
+            baseline_latency: std::sync::OnceLock::new(),
             admitted: counter!(ADMITTED, "service" => service.clone()),
             rejected,
             reclaimed: counter!(RECLAIMED, "service" => service.clone()),
@@ -64,6 +73,13 @@ impl Metrics {
             service,
             waiting_by_priority: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Sets the gauge of the adaptive limit's baseline latency.
+    pub(crate) fn baseline_latency(&self, latency: std::time::Duration) {
+        self.baseline_latency
+            .get_or_init(|| gauge!(BASELINE_LATENCY_SECONDS, "service" => self.service.clone()))
+            .set(latency.as_secs_f64());
     }
 
     /// Sets the gauge of callers of `priority` waiting now. Only the first

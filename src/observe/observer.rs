@@ -84,6 +84,27 @@ impl Observer {
         let _ = held;
     }
 
+    /// The adaptive limit moved from `from` to `to`.
+    #[cold]
+    pub(crate) fn limit_changed(&self, from: usize, to: usize) {
+        self.emit(Event::LimitChanged { from, to });
+        #[cfg(feature = "metrics")]
+        self.metrics.limit.set(to as f64);
+        #[cfg(feature = "tracing")]
+        tracing::debug!(service = %self.service, from, to, "adaptive limit moved");
+    }
+
+    /// The adaptive limit's algorithm reported `baseline` as the latency
+    /// without queueing.
+    #[inline]
+    pub(crate) fn baseline_latency(&self, baseline: Option<Duration>) {
+        #[cfg(feature = "metrics")]
+        if let Some(baseline) = baseline {
+            self.metrics.baseline_latency(baseline);
+        }
+        let _ = baseline;
+    }
+
     /// The event of an admission.
     pub(crate) fn admitted_event(&self) {
         self.emit(Event::Admitted);

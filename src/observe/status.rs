@@ -20,8 +20,11 @@ use std::time::Duration;
 pub struct Status {
     /// The bulkhead's name, if it has one.
     pub name: Option<String>,
-    /// How many calls may be in flight at once.
+    /// How many calls may be in flight at once now: the limit in force,
+    /// which an adaptive limit moves.
     pub limit: usize,
+    /// The most the limit can be: the configuration's `limit`.
+    pub max_limit: usize,
     /// Slots held now.
     pub in_flight: usize,
     /// Slots free now.

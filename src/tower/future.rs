@@ -27,7 +27,8 @@ pin_project! {
 }
 
 impl<F> ResponseFuture<F> {
-    pub(crate) fn called(future: F, permit: Permit) -> Self {
+    pub(crate) fn called(future: F, mut permit: Permit) -> Self {
+        permit.ignore_unless_recorded();
         Self {
             kind: Kind::Called {
                 future,
@@ -54,13 +55,16 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
             KindProj::Called { future, permit } => {
-                let output = ready!(future.poll(cx));
+                let output = ready!(future.poll(cx)).map_err(Into::into);
+                if let Some(permit) = permit {
+                    permit.record_result(output.as_ref());
+                }
                 // Free the slot now, not whenever the caller drops this
                 // future. Dropped in place, not moved out first: a move
                 // copies it with wide loads that stall on the narrower
                 // stores that wrote it.
                 *permit = None;
-                Poll::Ready(output.map_err(Into::into))
+                Poll::Ready(output)
             }
             KindProj::Shed { shed } => {
                 let shed = shed

@@ -1,0 +1,234 @@
+//! Capacity: Little's law on windows of samples.
+
+use crate::adaptive::{Algorithm, Sample};
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// The default algorithm: it estimates the dependency's capacity, the
+/// calls it serves at once without queueing, and sets the limit there.
+///
+/// # The idea
+///
+/// By Little's law, a dependency that serves `X` calls a second, each in
+/// `L` seconds when none queues, has `X × L` calls in service. Over the
+/// limit it can serve, more calls in flight only queue: throughput stays
+/// at its capacity and latency grows with the queue. So:
+///
+/// - Samples are taken in windows (100 ms, and at least 10 samples). A
+///   window's latency is the mean of its latencies but the fifth that came
+///   back first: calls that did no work and came back at once drop out,
+///   where they drag the minimum Vegas relies on; calls that queued count
+///   in full, as Little's law needs.
+/// - The *baseline* is the least window latency of the last 10 s: the
+///   latency without queueing.
+/// - A window whose latency is over 1.25 times the baseline queues: the
+///   limit goes at once to `1.05 × X × baseline`, the capacity the window
+///   just measured. One step, not a slide: when capacity halves, the limit
+///   halves within a window or two, where AIMD and Gradient2 take seconds
+///   and let the queue grow meanwhile.
+/// - A window with the limit reached and its latency within 1.1 times the
+///   baseline grows the limit by a tenth: capacity returned is found in
+///   about as many windows as it takes to grow into it. Between 1.1 and
+///   1.25 it holds: there is no saw-tooth around the point where queueing
+///   starts.
+/// - A window with fewer calls in flight than the limit says nothing of
+///   capacity: the limit holds (it does not creep up to the maximum under
+///   light load, to let the next burst through unchecked).
+/// - Drops: a window whose share of drops is over twice the usual share
+///   (and over 1 %) takes a tenth off. A steady share of timeouts or errors
+///   unrelated to load becomes the usual share and stops counting: the
+///   limit does not drift down for good.
+/// - The baseline is kept honest both ways. A cut that does not bring
+///   latency down means the dependency itself became slower, not queued:
+///   the baseline is taken afresh. And every 3 s the limit is lowered by a
+///   quarter for two windows, so that a baseline measured while calls
+///   queued (at start, with the limit too high) is found out; a quarter
+///   below a limit at or over capacity costs no throughput.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_inflight::adaptive::{Algorithm, Capacity, Sample};
+///
+/// let mut capacity = Capacity::default();
+/// let mut limit = 20;
+/// // A dependency of 16 workers at 10 ms: 1,600 calls a second, and with
+/// // 20 in flight each waits 12.5 ms.
+/// for call in 0..1_000u64 {
+///     let now = Duration::from_micros(call * 625);
+///     let latency = Duration::from_micros(10_000 * limit.max(16) as u64 / 16);
+///     limit = capacity.update(&Sample::new(latency, limit, false, now), limit);
+/// }
+/// assert!((16..=20).contains(&limit), "{limit}");
+/// ```
+#[derive(Clone, Debug)]
+pub struct Capacity {
+    window: Duration,
+    min_samples: u64,
+    /// Windows the baseline looks back over.
+    history: usize,
+    /// Windows between probes below the limit.
+    probe_every: u64,
+    started: Option<Duration>,
+    /// This window's latencies, in microseconds (up to `MAX_KEPT`).
+    latencies: Vec<u32>,
+    served: u64,
+    drops: u64,
+    peak_in_flight: usize,
+    past: VecDeque<Duration>,
+    baseline: Option<Duration>,
+    /// The usual share of drops: an average over windows.
+    drop_share: f64,
+    /// The latency of the window that last cut the limit for queueing.
+    cut_at: Option<Duration>,
+    windows: u64,
+    /// The limit a probe lowered, to go back to, and the windows it has
+    /// left.
+    probing: Option<(usize, u8)>,
+}
+
+/// The latencies a window keeps: more add little.
+const MAX_KEPT: usize = 512;
+
+impl Default for Capacity {
+    fn default() -> Self {
+        Self {
+            window: Duration::from_millis(100),
+            min_samples: 10,
+            history: 100,
+            probe_every: 30,
+            started: None,
+            latencies: Vec::new(),
+            served: 0,
+            drops: 0,
+            peak_in_flight: 0,
+            past: VecDeque::new(),
+            baseline: None,
+            drop_share: 0.0,
+            cut_at: None,
+            windows: 0,
+            probing: None,
+        }
+    }
+}
+
+impl Capacity {
+    /// The shortest window of samples (100 ms unless set; at least 1 ms).
+    /// The baseline looks back over 100 windows, and probes come every 30.
+    pub fn window(mut self, window: Duration) -> Self {
+        self.window = window.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Ends the window, and returns the limit it leads to.
+    fn close_window(&mut self, now: Duration, limit: usize) -> usize {
+        let elapsed = now.saturating_sub(self.started.unwrap_or(now));
+        self.started = Some(now);
+        self.windows += 1;
+        let served = std::mem::take(&mut self.served);
+        let drops = std::mem::take(&mut self.drops);
+        let peak = std::mem::take(&mut self.peak_in_flight);
+        let latency = self.window_latency();
+        let share = drops as f64 / (served + drops) as f64;
+        let usual_share = self.drop_share;
+        self.drop_share = 0.9 * self.drop_share + 0.1 * share;
+
+        self.remember(latency);
+        if let Some((restore, windows_left)) = self.probing {
+            // A probe's windows only add their latencies to the history;
+            // after the second the limit goes back to where it was, for
+            // the rules below to move on from the next window.
+            if windows_left > 1 {
+                self.probing = Some((restore, windows_left - 1));
+                return limit;
+            }
+            self.probing = None;
+            return restore.max(limit);
+        }
+        let (Some(latency), Some(baseline)) = (latency, self.baseline) else {
+            return limit;
+        };
+
+        if drops > 0 && share > (2.0 * usual_share).max(0.01) {
+            self.cut_at = None;
+            return (limit as f64 * 0.9) as usize;
+        }
+        if latency.as_secs_f64() > 1.25 * baseline.as_secs_f64() {
+            if self
+                .cut_at
+                .is_some_and(|before| latency.as_secs_f64() >= 0.95 * before.as_secs_f64())
+            {
+                // Cut, and no faster: the dependency is slower, not queued.
+                self.past.clear();
+                self.remember(Some(latency));
+                self.cut_at = None;
+                return limit;
+            }
+            self.cut_at = Some(latency);
+            let throughput = served as f64 / elapsed.as_secs_f64().max(1e-9);
+            let capacity = throughput * baseline.as_secs_f64();
+            return ((capacity * 1.05).ceil() as usize).clamp(limit / 2, limit);
+        }
+        self.cut_at = None;
+        if self.windows % self.probe_every == 5 {
+            self.probing = Some((limit, 2));
+            return limit - limit / 4;
+        }
+        let reached = peak * 10 >= limit * 9;
+        if reached && latency.as_secs_f64() <= 1.1 * baseline.as_secs_f64() {
+            return limit + limit.div_ceil(10);
+        }
+        limit
+    }
+
+    /// This window's latency, if it served any call: the mean of its
+    /// latencies above the fifth that came back first. Calls that did no
+    /// work come back first, and drop out; calls that queued come back
+    /// last, and count in full (a median would not see a queue until half
+    /// the calls wait). Clears the window's latencies.
+    fn window_latency(&mut self) -> Option<Duration> {
+        if self.latencies.is_empty() {
+            return None;
+        }
+        self.latencies.sort_unstable();
+        let kept = &self.latencies[self.latencies.len() / 5..];
+        let mean = kept.iter().map(|&micros| u64::from(micros)).sum::<u64>() / kept.len() as u64;
+        self.latencies.clear();
+        Some(Duration::from_micros(mean))
+    }
+
+    /// Keeps a window's latency for the baseline.
+    fn remember(&mut self, latency: Option<Duration>) {
+        if let Some(latency) = latency {
+            if self.past.len() == self.history {
+                self.past.pop_front();
+            }
+            self.past.push_back(latency);
+        }
+        self.baseline = self.past.iter().min().copied();
+    }
+}
+
+impl Algorithm for Capacity {
+    fn update(&mut self, sample: &Sample, limit: usize) -> usize {
+        let started = *self.started.get_or_insert(sample.now);
+        if sample.dropped {
+            self.drops += 1;
+        } else {
+            self.served += 1;
+            if self.latencies.len() < MAX_KEPT {
+                let micros = sample.latency.as_micros().min(u128::from(u32::MAX)) as u32;
+                self.latencies.push(micros);
+            }
+        }
+        self.peak_in_flight = self.peak_in_flight.max(sample.in_flight);
+        let samples = self.served + self.drops;
+        if sample.now.saturating_sub(started) < self.window || samples < self.min_samples {
+            return limit;
+        }
+        self.close_window(sample.now, limit)
+    }
+
+    fn baseline(&self) -> Option<Duration> {
+        self.baseline
+    }
+}

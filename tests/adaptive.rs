@@ -1,0 +1,502 @@
+//! Adaptive limits: each algorithm's answer to drops and to latency, the
+//! complaints users of other limiters make (each as a test), and what the
+//! bulkhead promises while the limit moves.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower_inflight::adaptive::{
+    Adaptive, Aimd, Algorithm, Capacity, Gradient2, Outcome, Sample, Vegas,
+};
+use tower_inflight::{BoxError, Bulkhead, ConcurrencyLayer, Config, Event, ManualClock};
+
+const MS: Duration = Duration::from_millis(1);
+
+fn sample(latency_ms: u64, in_flight: usize, dropped: bool) -> Sample {
+    Sample::new(
+        Duration::from_millis(latency_ms),
+        in_flight,
+        dropped,
+        Duration::ZERO,
+    )
+}
+
+// ---- Each algorithm alone --------------------------------------------------
+
+#[test]
+fn aimd_takes_a_tenth_off_a_drop_and_adds_one_while_in_use() {
+    let mut aimd = Aimd::default();
+    assert_eq!(aimd.update(&sample(10, 50, true), 50), 45);
+    assert_eq!(aimd.update(&sample(10, 25, false), 50), 51);
+    // Fewer than half in flight: nothing learned.
+    assert_eq!(aimd.update(&sample(10, 24, false), 50), 50);
+    // Slower than its timeout: a drop.
+    assert_eq!(aimd.update(&sample(6_000, 50, false), 50), 45);
+}
+
+#[test]
+fn vegas_grows_without_a_queue_and_shrinks_with_one() {
+    let mut vegas = Vegas::default();
+    vegas.update(&sample(10, 20, false), 20);
+    let grown = vegas.update(&sample(10, 20, false), 20);
+    assert!(grown > 20, "{grown}");
+    // Twice the least latency: half the limit queues.
+    let shrunk = vegas.update(&sample(20, grown, false), grown);
+    assert!(shrunk < grown, "{shrunk} after {grown}");
+    let dropped = vegas.update(&sample(10, shrunk, true), shrunk);
+    assert!(dropped < shrunk, "{dropped} after {shrunk}");
+}
+
+#[test]
+fn gradient2_shrinks_when_latency_jumps_and_grows_while_steady() {
+    let mut gradient = Gradient2::default();
+    let mut limit = 20;
+    for _ in 0..50 {
+        limit = gradient.update(&sample(10, limit, false), limit);
+    }
+    assert!(limit > 20, "{limit}");
+    let before = limit;
+    for _ in 0..20 {
+        limit = gradient.update(&sample(100, limit, false), limit);
+    }
+    assert!(limit < before, "{limit} after {before}");
+}
+
+// ---- A simulated dependency ------------------------------------------------
+
+/// A dependency of `capacity` workers, each call taking `base` once a
+/// worker takes it, with a queue in front; called by a bulkhead that is
+/// always full (more callers than the limit), so that every free slot is
+/// taken at once. Returns the limit every 100 ms.
+struct Dependency {
+    base: Duration,
+    /// (from, capacity): the capacity from that time on.
+    capacity: Vec<(Duration, usize)>,
+    /// Every `nth` served call comes back at once, having done no work.
+    no_work_every: Option<u64>,
+    /// Every `nth` call is dropped (times out) whatever the load.
+    drop_every: Option<u64>,
+}
+
+impl Dependency {
+    fn new(base: Duration, capacity: usize) -> Self {
+        Self {
+            base,
+            capacity: vec![(Duration::ZERO, capacity)],
+            no_work_every: None,
+            drop_every: None,
+        }
+    }
+
+    fn capacity_at(&self, now: Duration) -> usize {
+        self.capacity
+            .iter()
+            .rev()
+            .find(|(from, _)| *from <= now)
+            .map_or(1, |(_, capacity)| *capacity)
+    }
+
+    /// Runs `algorithm` for `length`, starting at `limit`.
+    fn run(&self, algorithm: &mut dyn Algorithm, mut limit: usize, length: Duration) -> Vec<usize> {
+        // Completions: (finish time, start time, in flight at start, call).
+        let mut finishing: BinaryHeap<Reverse<(Duration, Duration, usize, u64)>> =
+            BinaryHeap::new();
+        let mut queue: VecDeque<(Duration, usize, u64)> = VecDeque::new();
+        let mut busy = 0;
+        let mut in_flight = 0;
+        let mut now = Duration::ZERO;
+        let mut call = 0u64;
+        let mut limits = Vec::new();
+        let mut next_report = Duration::ZERO;
+        while now < length {
+            // Fill the bulkhead.
+            while in_flight < limit {
+                in_flight += 1;
+                call += 1;
+                queue.push_back((now, in_flight, call));
+            }
+            // Workers take queued calls (capacity may have dropped below
+            // `busy`: then none starts until enough finish).
+            while busy < self.capacity_at(now) {
+                let Some((started, at_start, call)) = queue.pop_front() else {
+                    break;
+                };
+                busy += 1;
+                let took = if self.no_work_every.is_some_and(|nth| call % nth == 0) {
+                    Duration::from_micros(1)
+                } else {
+                    self.base
+                };
+                finishing.push(Reverse((now + took, started, at_start, call)));
+            }
+            let Some(Reverse((finished, started, at_start, call))) = finishing.pop() else {
+                break;
+            };
+            now = finished;
+            busy -= 1;
+            in_flight -= 1;
+            while next_report <= now {
+                limits.push(limit);
+                next_report += 100 * MS;
+            }
+            let dropped = self.drop_every.is_some_and(|nth| call % nth == 0);
+            let sample = Sample::new(now - started, at_start, dropped, now);
+            limit = algorithm.update(&sample, limit).clamp(1, 1_000);
+        }
+        limits
+    }
+}
+
+fn within(limit: usize, capacity: usize) -> bool {
+    limit * 4 >= capacity * 3 && limit * 2 <= capacity * 3
+}
+
+/// The first time from `from` (in 100 ms steps) after which the limit
+/// stays within 0.75-1.5 times `capacity` until `until`.
+fn settled_after(limits: &[usize], from: usize, until: usize, capacity: usize) -> Option<usize> {
+    (from..until).find(|&start| {
+        limits[start..until]
+            .iter()
+            .all(|&limit| within(limit, capacity))
+    })
+}
+
+#[test]
+fn capacity_follows_a_dependency_whose_capacity_halves_and_returns() {
+    let mut dependency = Dependency::new(10 * MS, 16);
+    dependency.capacity = vec![
+        (Duration::ZERO, 16),
+        (Duration::from_secs(20), 8),
+        (Duration::from_secs(40), 16),
+    ];
+    let limits = dependency.run(&mut Capacity::default(), 20, Duration::from_secs(60));
+    for (from, until, capacity) in [(0, 200, 16), (200, 400, 8), (400, 600, 16)] {
+        let settled = settled_after(&limits, from, until, capacity)
+            .unwrap_or_else(|| panic!("never settled near {capacity}: {:?}", &limits[from..until]));
+        assert!(
+            settled - from <= 50,
+            "settled near {capacity} after {} ms: {:?}",
+            (settled - from) * 100,
+            &limits[from..until]
+        );
+    }
+}
+
+#[test]
+fn capacity_keeps_no_saw_tooth_under_steady_load() {
+    let limits =
+        Dependency::new(10 * MS, 32).run(&mut Capacity::default(), 20, Duration::from_secs(30));
+    let steady = &limits[100..];
+    let (low, high) = (steady.iter().min().unwrap(), steady.iter().max().unwrap());
+    assert!(*low >= 24 && *high <= 48, "{low}..={high}: {steady:?}");
+    let moves = steady.windows(2).filter(|pair| pair[0] != pair[1]).count();
+    assert!(
+        moves <= steady.len() / 4,
+        "{moves} moves in {} steps: {steady:?}",
+        steady.len()
+    );
+}
+
+#[test]
+fn capacity_does_not_drift_down_under_steady_drops_unrelated_to_load() {
+    let mut dependency = Dependency::new(10 * MS, 32);
+    dependency.drop_every = Some(20); // 5 % of calls, whatever the load
+    let limits = dependency.run(&mut Capacity::default(), 20, Duration::from_secs(30));
+    let last = &limits[200..];
+    assert!(last.iter().all(|&limit| within(limit, 32)), "{last:?}");
+}
+
+#[test]
+fn capacity_is_not_dragged_by_calls_that_did_no_work() {
+    let mut dependency = Dependency::new(10 * MS, 16);
+    dependency.no_work_every = Some(10); // a tenth come back at once
+    let mut capacity = Capacity::default();
+    let limits = dependency.run(&mut capacity, 20, Duration::from_secs(30));
+    let baseline = capacity.baseline().unwrap();
+    assert!(baseline >= 9 * MS, "baseline {baseline:?}");
+    let last = &limits[100..];
+    // The calls that did no work free their workers at once: the capacity
+    // is a little over 16.
+    assert!(
+        last.iter().all(|&limit| (12..=28).contains(&limit)),
+        "{last:?}"
+    );
+}
+
+#[test]
+fn capacity_holds_its_limit_while_few_calls_are_in_flight() {
+    let mut capacity = Capacity::default();
+    let mut limit = 50;
+    for call in 0..10_000u64 {
+        let now = Duration::from_micros(call * 1_000);
+        limit = capacity.update(&Sample::new(10 * MS, 5, false, now), limit);
+    }
+    assert_eq!(limit, 50);
+}
+
+// ---- Through the bulkhead --------------------------------------------------
+
+/// Counts its samples and answers with a limit set from outside.
+#[derive(Clone)]
+struct Scripted {
+    samples: Arc<Mutex<Vec<Sample>>>,
+    next: Arc<AtomicUsize>,
+}
+
+impl Scripted {
+    fn new(next: usize) -> Self {
+        Self {
+            samples: Arc::default(),
+            next: Arc::new(AtomicUsize::new(next)),
+        }
+    }
+
+    fn samples(&self) -> Vec<Sample> {
+        self.samples.lock().unwrap().clone()
+    }
+}
+
+impl Algorithm for Scripted {
+    fn update(&mut self, sample: &Sample, _limit: usize) -> usize {
+        self.samples.lock().unwrap().push(*sample);
+        self.next.load(Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn a_configuration_out_of_bounds_names_its_field() {
+    let config = || Config::new(10, Duration::from_secs(30));
+    let error = config()
+        .adaptive(Adaptive::default().min(0))
+        .validate()
+        .unwrap_err();
+    assert_eq!(error.field(), "adaptive.min");
+    let error = config()
+        .adaptive(Adaptive::default().min(11))
+        .validate()
+        .unwrap_err();
+    assert_eq!(error.field(), "adaptive.min");
+    let error = config()
+        .adaptive(Adaptive::default().min(2).initial(1))
+        .validate()
+        .unwrap_err();
+    assert_eq!(error.field(), "adaptive.initial");
+    let error = config()
+        .adaptive(Adaptive::default().initial(11))
+        .validate()
+        .unwrap_err();
+    assert_eq!(error.field(), "adaptive.initial");
+    // The default start, 20, is kept under a lower maximum.
+    assert_eq!(
+        Bulkhead::new(config().adaptive(Adaptive::default())).limit(),
+        10
+    );
+}
+
+#[tokio::test]
+async fn sheds_waits_and_cancelled_calls_never_feed_the_algorithm() {
+    let scripted = Scripted::new(1);
+    let layer = ConcurrencyLayer::new(
+        Config::new(4, Duration::from_secs(30))
+            .adaptive(Adaptive::new(scripted.clone()).initial(1)),
+    );
+    let bulkhead = layer.bulkhead();
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let released = Arc::new(Mutex::new(Some(released)));
+    let mut service = ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(move |wait: bool| {
+            let released = released.lock().unwrap().take();
+            async move {
+                if wait {
+                    if let Some(released) = released {
+                        let _ = released.await;
+                    }
+                }
+                Ok::<_, BoxError>(())
+            }
+        }));
+    // One call holds the only slot; the next is shed.
+    let holding = service.ready().await.unwrap().call(true);
+    let holding = tokio::spawn(holding);
+    while bulkhead.in_flight() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let shed = service.ready().await.unwrap().call(false).await;
+    assert!(shed.is_err());
+    assert!(scripted.samples().is_empty(), "a shed was sampled");
+    release.send(()).unwrap();
+    holding.await.unwrap().unwrap();
+    assert_eq!(scripted.samples().len(), 1);
+    assert!(!scripted.samples()[0].dropped);
+
+    // A call cancelled before it finished is no sample.
+    let pending = service.ready().await.unwrap().call(true);
+    drop(pending);
+    assert_eq!(scripted.samples().len(), 1);
+    assert_eq!(bulkhead.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn a_timeout_is_a_drop_and_other_errors_are_ignored_unless_classified() {
+    let scripted = Scripted::new(4);
+    let config = || Config::new(4, Duration::from_secs(30));
+    let layer = ConcurrencyLayer::new(config().adaptive(Adaptive::new(scripted.clone())));
+    let mut service =
+        ServiceBuilder::new()
+            .layer(layer)
+            .service(service_fn(|timeout: bool| async move {
+                if timeout {
+                    Err::<(), BoxError>(tower::timeout::error::Elapsed::new().into())
+                } else {
+                    Err::<(), BoxError>("refused before any I/O".into())
+                }
+            }));
+    assert!(service.ready().await.unwrap().call(true).await.is_err());
+    assert!(service.ready().await.unwrap().call(false).await.is_err());
+    let samples = scripted.samples();
+    assert_eq!(samples.len(), 1);
+    assert!(samples[0].dropped);
+
+    let classified = Scripted::new(4);
+    let layer = ConcurrencyLayer::new(
+        config().adaptive(Adaptive::new(classified.clone()).classify_errors(|_| Outcome::Dropped)),
+    );
+    let mut service = ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(|()| async {
+            Err::<(), BoxError>("connection refused".into())
+        }));
+    assert!(service.ready().await.unwrap().call(()).await.is_err());
+    assert_eq!(classified.samples().len(), 1);
+    assert!(classified.samples()[0].dropped);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_growing_limit_hands_its_room_to_the_callers_waiting() {
+    let scripted = Scripted::new(1);
+    let bulkhead = Bulkhead::new(
+        Config::new(4, Duration::from_secs(30))
+            .wait(Duration::from_secs(10))
+            .adaptive(Adaptive::new(scripted.clone()).initial(1)),
+    );
+    let mut holder = bulkhead.try_acquire().unwrap();
+    let waiting = {
+        let bulkhead = bulkhead.clone();
+        tokio::spawn(async move { bulkhead.acquire().await })
+    };
+    while bulkhead.waiting() == 0 {
+        tokio::task::yield_now().await;
+    }
+    scripted.next.store(2, Ordering::SeqCst);
+    holder.record(Outcome::Success);
+    assert_eq!(bulkhead.limit(), 2);
+    // Admitted while the holder still holds its slot.
+    let admitted = waiting.await.unwrap().unwrap();
+    assert_eq!(bulkhead.in_flight(), 2);
+    drop((holder, admitted));
+}
+
+#[test]
+fn a_limit_changed_is_an_event_and_in_the_status() {
+    let changes = Arc::new(Mutex::new(Vec::new()));
+    let seen = changes.clone();
+    let bulkhead = Bulkhead::new(
+        Config::new(100, Duration::from_secs(30))
+            .clock(ManualClock::new())
+            .on_event(move |event| {
+                if let Event::LimitChanged { from, to } = event {
+                    seen.lock().unwrap().push((*from, *to));
+                }
+            })
+            .adaptive(Adaptive::new(Aimd::default())),
+    );
+    let mut permit = bulkhead.try_acquire().unwrap();
+    permit.record(Outcome::Dropped);
+    assert_eq!(*changes.lock().unwrap(), vec![(20, 18)]);
+    let status = bulkhead.status();
+    assert_eq!((status.limit, status.max_limit), (18, 100));
+}
+
+#[test]
+fn a_permit_dropped_is_a_success_and_one_recorded_is_sampled_once() {
+    let scripted = Scripted::new(10);
+    let clock = ManualClock::new();
+    let bulkhead = Bulkhead::new(
+        Config::new(10, Duration::from_secs(30))
+            .clock(clock.clone())
+            .adaptive(Adaptive::new(scripted.clone()).initial(10)),
+    );
+    let _other = bulkhead.try_acquire().unwrap();
+    let permit = bulkhead.try_acquire().unwrap();
+    clock.advance(7 * MS);
+    drop(permit);
+    let mut recorded = bulkhead.try_acquire_borrowed().unwrap();
+    recorded.record(Outcome::Ignore);
+    drop(recorded);
+    let samples = scripted.samples();
+    assert_eq!(samples.len(), 1);
+    assert_eq!(
+        (samples[0].latency, samples[0].in_flight, samples[0].dropped),
+        (7 * MS, 2, false)
+    );
+}
+
+/// Many threads claim and release while the limit shrinks from 64 to 4:
+/// once the calls in flight are under 4, never more than 4 hold a slot.
+#[test]
+fn the_limit_is_never_exceeded_while_it_shrinks() {
+    let scripted = Scripted::new(64);
+    let bulkhead = Bulkhead::new(
+        Config::new(64, Duration::from_secs(30))
+            .adaptive(Adaptive::new(scripted.clone()).initial(64)),
+    );
+    let holding = AtomicUsize::new(0);
+    let under = AtomicBool::new(false);
+    let most_after = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for _ in 0..8 {
+            scope.spawn(|| {
+                while !stop.load(Ordering::SeqCst) {
+                    let Ok(mut permit) = bulkhead.try_acquire() else {
+                        std::thread::yield_now();
+                        continue;
+                    };
+                    let checking = under.load(Ordering::SeqCst);
+                    let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+                    if checking {
+                        most_after.fetch_max(now, Ordering::SeqCst);
+                    }
+                    std::thread::yield_now();
+                    holding.fetch_sub(1, Ordering::SeqCst);
+                    permit.record(Outcome::Ignore);
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        scripted.next.store(4, Ordering::SeqCst);
+        let mut shrinking = bulkhead.try_acquire().unwrap_or_else(|_| loop {
+            if let Ok(permit) = bulkhead.try_acquire() {
+                break permit;
+            }
+        });
+        shrinking.record(Outcome::Success);
+        drop(shrinking);
+        assert_eq!(bulkhead.limit(), 4);
+        while bulkhead.in_flight() > 4 {
+            std::thread::yield_now();
+        }
+        under.store(true, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(50));
+        stop.store(true, Ordering::SeqCst);
+    });
+    let most = most_after.load(Ordering::SeqCst);
+    assert!(
+        (1..=4).contains(&most),
+        "{most} held at once under a limit of 4"
+    );
+}
