@@ -158,6 +158,8 @@ mod doc_pages {
     struct Http;
     #[doc = include_str!("../docs/scheduling.md")]
     struct Scheduling;
+    #[doc = include_str!("../docs/adaptive.md")]
+    struct Adaptive;
     #[doc = include_str!("../docs/observability.md")]
     struct Observability;
     #[doc = include_str!("../docs/guarantees.md")]
