@@ -109,10 +109,11 @@ impl Shared {
 /// When and how a call started, for its adaptive limit's sample.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Started {
-    /// On [`Clock::precise_elapsed`].
-    at: Duration,
-    /// Calls in flight once it was admitted.
-    in_flight: usize,
+    /// On [`Clock::precise_elapsed`], in nanoseconds (584 years of them):
+    /// kept small, for every permit carries one.
+    at_nanos: u64,
+    /// Calls in flight once it was admitted (at most `MAX_SLOTS`).
+    in_flight: u32,
 }
 
 impl Shared {
@@ -538,8 +539,8 @@ impl Shared {
     #[cold]
     fn started_now(&self) -> Started {
         Started {
-            at: self.clock.precise_elapsed(),
-            in_flight: self.slots.in_flight(),
+            at_nanos: u64::try_from(self.clock.precise_elapsed().as_nanos()).unwrap_or(u64::MAX),
+            in_flight: self.slots.in_flight() as u32,
         }
     }
 
@@ -556,8 +557,8 @@ impl Shared {
         };
         let now = self.clock.precise_elapsed();
         let sample = Sample::new(
-            now.saturating_sub(started.at),
-            started.in_flight,
+            now.saturating_sub(Duration::from_nanos(started.at_nanos)),
+            started.in_flight as usize,
             outcome == Outcome::Dropped,
             now,
         );
