@@ -500,3 +500,23 @@ fn the_limit_is_never_exceeded_while_it_shrinks() {
         "{most} held at once under a limit of 4"
     );
 }
+
+#[test]
+fn each_key_of_a_keyed_bulkhead_adapts_alone() {
+    use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig};
+    let keyed: KeyedBulkhead<&str> = KeyedBulkhead::new(KeyedConfig::new(
+        Config::new(100, Duration::from_secs(30)).adaptive(Adaptive::new(Aimd::default())),
+    ));
+    let mut noisy = keyed.try_acquire(&"noisy").unwrap();
+    let quiet = keyed.try_acquire(&"quiet").unwrap();
+    noisy.record(Outcome::Dropped);
+    let limits: std::collections::HashMap<_, _> = keyed
+        .status(2)
+        .busiest
+        .iter()
+        .map(|key| (key.key, key.limit))
+        .collect();
+    assert_eq!(limits[&"noisy"], 18);
+    assert_eq!(limits[&"quiet"], 20);
+    drop((noisy, quiet));
+}

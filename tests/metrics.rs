@@ -534,3 +534,29 @@ fn a_keyed_bulkhead_reports_only_the_keys_it_names_and_a_bounded_number() {
         drop(held);
     });
 }
+
+/// An adaptive limit's moves show in the limit gauge, and its baseline
+/// latency in a gauge of its own.
+#[test]
+fn an_adaptive_limit_moves_its_gauge_and_reports_its_baseline() {
+    use tower_inflight::adaptive::{Adaptive, Outcome, Vegas};
+    let clock = ManualClock::new();
+    let (bulkhead, snapshotter) = recorded(
+        config(100)
+            .clock(clock.clone())
+            .adaptive(Adaptive::new(Vegas::default())),
+    );
+    let gauge = |name| value(&snapshot(&snapshotter), MetricKind::Gauge, name, DB);
+    assert_eq!(gauge("tower_inflight_limit"), 20.0);
+    let held: Vec<_> = (0..20).map(|_| bulkhead.try_acquire().unwrap()).collect();
+    clock.advance(Duration::from_millis(10));
+    for mut permit in held {
+        permit.record(Outcome::Success);
+    }
+    assert!(bulkhead.limit() > 20);
+    // One snapshot: the debugging recorder's snapshot takes what it reads.
+    let after = snapshot(&snapshotter);
+    let gauge = |name| value(&after, MetricKind::Gauge, name, DB);
+    assert_eq!(gauge("tower_inflight_limit"), bulkhead.limit() as f64);
+    assert_eq!(gauge("tower_inflight_baseline_latency_seconds"), 0.010);
+}

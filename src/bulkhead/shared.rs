@@ -77,6 +77,7 @@ impl Shared {
             initial,
             config.on_event.clone(),
             rollups,
+            config.adaptive.is_some(),
         );
         let slots = SlotTable::new(config.limit, clock.now(), hold, config.max_bytes);
         slots.set_limit(initial);

@@ -41,9 +41,9 @@ pub(crate) struct Metrics {
     pub(crate) saturation_signal: Gauge,
     /// The limit in force.
     pub(crate) limit: Gauge,
-    /// The adaptive limit's baseline latency: registered with the first
-    /// one reported, so that static bulkheads do not report a zero.
-    baseline_latency: std::sync::OnceLock<Gauge>,
+    /// The adaptive limit's baseline latency: registered only for an
+    /// adaptive limit, so that static bulkheads do not report a zero.
+    baseline_latency: Option<Gauge>,
     service: String,
     /// The per-priority gauges registered so far: parking is the slow path,
     /// but a registry lookup per park would still be waste.
@@ -51,7 +51,7 @@ pub(crate) struct Metrics {
 }
 
 impl Metrics {
-    pub(crate) fn register(service: &str, limit: usize) -> Self {
+    pub(crate) fn register(service: &str, limit: usize, adaptive: bool) -> Self {
         let service = service.to_owned();
         let rejected = ShedReason::ALL.map(
             |reason| counter!(REJECTED, "service" => service.clone(), "reason" => reason.as_str()),
@@ -60,7 +60,8 @@ impl Metrics {
         limit_gauge.set(limit as f64);
         Self {
             limit: limit_gauge,
-            baseline_latency: std::sync::OnceLock::new(),
+            baseline_latency: adaptive
+                .then(|| gauge!(BASELINE_LATENCY_SECONDS, "service" => service.clone())),
             admitted: counter!(ADMITTED, "service" => service.clone()),
             rejected,
             reclaimed: counter!(RECLAIMED, "service" => service.clone()),
@@ -77,9 +78,9 @@ impl Metrics {
 
     /// Sets the gauge of the adaptive limit's baseline latency.
     pub(crate) fn baseline_latency(&self, latency: std::time::Duration) {
-        self.baseline_latency
-            .get_or_init(|| gauge!(BASELINE_LATENCY_SECONDS, "service" => self.service.clone()))
-            .set(latency.as_secs_f64());
+        if let Some(gauge) = &self.baseline_latency {
+            gauge.set(latency.as_secs_f64());
+        }
     }
 
     /// Sets the gauge of callers of `priority` waiting now. Only the first

@@ -25,12 +25,14 @@ pub(crate) struct Observer {
 
 impl Observer {
     /// `name` and `limit` label the metrics and logs, when those features
-    /// are on; the limit also sizes the refusal lanes.
+    /// are on; the limit also sizes the refusal lanes. An `adaptive`
+    /// limit also reports its baseline latency.
     pub(crate) fn new(
         name: Option<&str>,
         limit: usize,
         hook: Option<Hook>,
         rollups: Rollups,
+        adaptive: bool,
     ) -> Self {
         #[cfg(any(feature = "metrics", feature = "tracing"))]
         let service = name.unwrap_or("bulkhead");
@@ -42,7 +44,7 @@ impl Observer {
             wait_nanos: AtomicU64::new(0),
             rollups,
             #[cfg(feature = "metrics")]
-            metrics: crate::observe::Metrics::register(service, limit),
+            metrics: crate::observe::Metrics::register(service, limit, adaptive),
             #[cfg(feature = "tracing")]
             service: service.into(),
             #[cfg(feature = "tracing")]

@@ -1,0 +1,77 @@
+//! Adaptive limits behind the HTTP layer: a 503, a 429 and the other 5xx
+//! are drops, any other response a sample of latency measured when its
+//! head arrives, though the slot is held until the body ends.
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower_inflight::adaptive::{Adaptive, Algorithm, Sample};
+use tower_inflight::http::HttpConcurrencyLayer;
+use tower_inflight::{BoxError, Config, ManualClock};
+
+#[derive(Clone, Default)]
+struct Recording(Arc<Mutex<Vec<Sample>>>);
+
+impl Algorithm for Recording {
+    fn update(&mut self, sample: &Sample, limit: usize) -> usize {
+        self.0.lock().unwrap().push(*sample);
+        limit
+    }
+}
+
+#[tokio::test]
+async fn server_errors_and_429_are_drops_and_other_answers_are_samples() {
+    let recording = Recording::default();
+    let clock = ManualClock::new();
+    let layer = HttpConcurrencyLayer::new(
+        Config::new(4, Duration::from_secs(30))
+            .clock(clock.clone())
+            .adaptive(Adaptive::new(recording.clone())),
+    );
+    let mut service = ServiceBuilder::new().layer(layer).service(service_fn({
+        let clock = clock.clone();
+        move |request: Request<_>| {
+            let clock = clock.clone();
+            async move {
+                let status: u16 = request.uri().path()[1..].parse().unwrap();
+                clock.advance(Duration::from_millis(u64::from(status)));
+                Ok::<_, BoxError>(
+                    Response::builder()
+                        .status(status)
+                        .body(Full::new(Bytes::from_static(b"body")))
+                        .unwrap(),
+                )
+            }
+        }
+    }));
+    for status in [200u16, 404, 503, 429, 500, 408] {
+        let request = Request::get(format!("/{status}"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let response = service.ready().await.unwrap().call(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::from_u16(status).unwrap());
+        // Reading the body later adds nothing to the latency sampled.
+        clock.advance(Duration::from_secs(1));
+        response.into_body().collect().await.unwrap();
+    }
+    let samples = recording.0.lock().unwrap().clone();
+    let seen: Vec<(Duration, bool)> = samples
+        .iter()
+        .map(|sample| (sample.latency, sample.dropped))
+        .collect();
+    let expected: Vec<(Duration, bool)> = [
+        (200, false),
+        (404, false),
+        (503, true),
+        (429, true),
+        (500, true),
+        (408, true),
+    ]
+    .into_iter()
+    .map(|(ms, dropped)| (Duration::from_millis(ms), dropped))
+    .collect();
+    assert_eq!(seen, expected);
+}
