@@ -387,6 +387,27 @@ fn a_key_whose_permit_was_leaked_is_evicted_once_its_slot_is_reclaimable_not_bef
     assert_eq!(keyed.status(0).evicted, 1);
 }
 
+/// A key that once leaked a permit, and is called every 100 ms since: once
+/// the leaked slot could be reclaimed, the key holds nothing and a new key
+/// takes its place.
+#[test]
+fn a_key_in_use_since_it_leaked_a_permit_is_evicted_once_the_slot_is_reclaimable() {
+    let clock = ManualClock::new();
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(2, Duration::from_secs(10)).clock(clock.clone())).max_keys(1),
+    );
+    std::mem::forget(keyed.try_acquire(&"leaky").unwrap());
+    for _ in 0..99 {
+        clock.advance(Duration::from_millis(100));
+        drop(keyed.try_acquire(&"leaky").unwrap());
+        assert_eq!(reason(keyed.try_acquire(&"new")), ShedReason::TooManyKeys);
+    }
+    clock.advance(Duration::from_millis(100));
+    drop(keyed.try_acquire(&"leaky").unwrap());
+    assert!(keyed.try_acquire(&"new").is_ok());
+    assert_eq!(keyed.status(0).evicted, 1);
+}
+
 /// The layer tries for a slot before it waits; that try is no shed: the
 /// bulkheads record only what came of the call.
 #[tokio::test(start_paused = true)]

@@ -573,6 +573,19 @@ impl Bulkhead {
         self.shared.clock.now() >= tick.saturating_add(self.shared.slots.hold())
     }
 
+    /// Whether every slot held has passed its deadline: reclaims those
+    /// that have, and says whether any is held still. So a permit that was
+    /// leaked pins its key only until its slot could be reclaimed, however
+    /// often the key is called since.
+    pub(crate) fn holds_nothing_unexpired(&self) -> bool {
+        let slots = &self.shared.slots;
+        if slots.in_flight() == 0 {
+            return true;
+        }
+        slots.reclaim_expired(self.shared.clock.now());
+        slots.in_flight() == 0
+    }
+
     /// Whether this handle is the only one, with no clone and no permit
     /// sharing the bulkhead.
     pub(crate) fn is_unshared(&self) -> bool {

@@ -772,12 +772,16 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         // A permit shares it: if its latest slot was taken `reclaim_after`
         // ago, every slot held is past its deadline, held by a permit that
         // was leaked (or that outlived its hold), and would be reclaimed by
-        // the next call.
+        // the next call. Else, if the slots held now are all past their
+        // deadlines (a permit leaked long ago, the key in use since), the
+        // sweep frees them and the key is as idle.
         let last_taken = entry
             .last_taken
             .load(Ordering::Relaxed)
             .max(entry.line.last_taken.load(Ordering::Relaxed));
-        entry.bulkhead.is_unshared() || entry.bulkhead.reclaimable_since(last_taken)
+        entry.bulkhead.is_unshared()
+            || entry.bulkhead.reclaimable_since(last_taken)
+            || entry.bulkhead.holds_nothing_unexpired()
     }
 
     /// Counts out a key taken out of its map: its place is the caller's.
