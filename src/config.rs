@@ -366,6 +366,30 @@ impl ConfigError {
         Self { field, problem }
     }
 
+    /// The same error, of the configuration of a keyed bulkhead's ceiling:
+    /// its field is named `ceiling.<field>`.
+    pub(crate) fn of_ceiling(self) -> Self {
+        let field = match self.field {
+            "limit" => "ceiling.limit",
+            "reclaim_after" => "ceiling.reclaim_after",
+            "wait" => "ceiling.wait",
+            "max_waiting" => "ceiling.max_waiting",
+            "max_bytes" => "ceiling.max_bytes",
+            "saturation_signal" => "ceiling.saturation_signal",
+            "codel" => "ceiling.codel",
+            "adaptive.min" => "ceiling.adaptive.min",
+            "adaptive.initial" => "ceiling.adaptive.initial",
+            "cluster_ceiling.backoff" => "ceiling.cluster_ceiling.backoff",
+            "cluster_ceiling.lease" => "ceiling.cluster_ceiling.lease",
+            "cluster_ceiling.limit" => "ceiling.cluster_ceiling.limit",
+            "cluster_ceiling.name" => "ceiling.cluster_ceiling.name",
+            "cluster_ceiling.timeout" => "ceiling.cluster_ceiling.timeout",
+            "cluster_ceiling.when_unreachable" => "ceiling.cluster_ceiling.when_unreachable",
+            other => other,
+        };
+        Self { field, ..self }
+    }
+
     /// The name of the configuration field that was refused, e.g. `"wait"`.
     pub fn field(&self) -> &'static str {
         self.field

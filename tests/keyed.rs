@@ -247,7 +247,11 @@ fn bad_configuration_is_refused_naming_the_field() {
     assert_eq!(refused(KeyedConfig::new(Config::new(0, LONG))), "limit");
     assert_eq!(
         refused(KeyedConfig::new(Config::new(1, LONG)).ceiling(Config::new(1, Duration::ZERO))),
-        "reclaim_after"
+        "ceiling.reclaim_after"
+    );
+    assert_eq!(
+        refused(KeyedConfig::new(Config::new(1, LONG)).ceiling(Config::new(0, LONG))),
+        "ceiling.limit"
     );
     assert_eq!(
         refused(KeyedConfig::new(Config::new(1, LONG)).max_keys(0)),

@@ -203,7 +203,7 @@ impl<K> KeyedConfig<K> {
             ));
         }
         if let Some(ceiling) = &self.ceiling {
-            ceiling.validate()?;
+            ceiling.validate().map_err(ConfigError::of_ceiling)?;
             // A caller keeps its key's slot while it waits for the
             // ceiling's: the wait must end before the slot could be
             // reclaimed from under it.
