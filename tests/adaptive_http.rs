@@ -1,6 +1,7 @@
 //! Adaptive limits behind the HTTP layer: a 503, a 429 and the other 5xx
 //! are drops, any other response a sample of latency measured when its
-//! head arrives, though the slot is held until the body ends.
+//! head arrives, though the slot is held until the body ends; a refusal by
+//! a bulkhead further in is no sample.
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -68,10 +69,36 @@ async fn server_errors_and_429_are_drops_and_other_answers_are_samples() {
         (503, true),
         (429, true),
         (500, true),
-        (408, true),
+        (408, false),
     ]
     .into_iter()
     .map(|(ms, dropped)| (Duration::from_millis(ms), dropped))
     .collect();
     assert_eq!(seen, expected);
+}
+
+#[tokio::test]
+async fn a_refusal_by_a_bulkhead_further_in_is_no_sample() {
+    let recording = Recording::default();
+    let outer = HttpConcurrencyLayer::new(
+        Config::new(4, Duration::from_secs(30)).adaptive(Adaptive::new(recording.clone())),
+    );
+    let inner = HttpConcurrencyLayer::new(Config::new(1, Duration::from_secs(30)));
+    let held = inner.bulkhead().try_acquire().unwrap();
+    let mut service = ServiceBuilder::new()
+        .layer(outer)
+        .layer(inner)
+        .service(service_fn(|_: Request<_>| async {
+            Ok::<_, BoxError>(Response::new(Full::new(Bytes::new())))
+        }));
+    let request = Request::get("/").body(Full::new(Bytes::new())).unwrap();
+    let response = service.ready().await.unwrap().call(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    drop(response);
+    assert!(recording.0.lock().unwrap().is_empty());
+    drop(held);
+    let request = Request::get("/").body(Full::new(Bytes::new())).unwrap();
+    let response = service.ready().await.unwrap().call(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(recording.0.lock().unwrap().len(), 1);
 }

@@ -42,8 +42,11 @@ use std::time::Duration;
 ///   latency down means the dependency itself became slower, not queued:
 ///   the baseline is taken afresh. And every 3 s the limit is lowered by a
 ///   quarter for two windows, so that a baseline measured while calls
-///   queued (at start, with the limit too high) is found out; a quarter
-///   below a limit at or over capacity costs no throughput.
+///   queued (at start, with the limit too high) is found out: a few
+///   percent of throughput for those two windows, where a re-measure that
+///   drops the limit to a floor sheds a burst.
+/// - A window lasts at least twice the baseline: one shorter than a call
+///   would hold only calls admitted before the limit last moved.
 ///
 /// ```
 /// use std::time::Duration;
@@ -74,7 +77,8 @@ pub struct Capacity {
     served: u64,
     drops: u64,
     peak_in_flight: usize,
-    past: VecDeque<Duration>,
+    /// The latencies of the last `history` windows, in microseconds.
+    past: VecDeque<u32>,
     baseline: Option<Duration>,
     /// The usual share of drops: an average over windows.
     drop_share: f64,
@@ -87,7 +91,12 @@ pub struct Capacity {
 }
 
 /// The latencies a window keeps: more add little.
-const MAX_KEPT: usize = 512;
+const MAX_KEPT: usize = 128;
+
+/// `latency` in whole microseconds, up to about 71 minutes.
+fn micros(latency: Duration) -> u32 {
+    u32::try_from(latency.as_micros()).unwrap_or(u32::MAX)
+}
 
 impl Default for Capacity {
     fn default() -> Self {
@@ -144,14 +153,17 @@ impl Capacity {
             self.probing = None;
             return restore.max(limit);
         }
-        let (Some(latency), Some(baseline)) = (latency, self.baseline) else {
-            return limit;
-        };
-
+        // Before latency: a window of nothing but drops (an outage) has
+        // none, and must cut all the same.
         if drops > 0 && share > (2.0 * usual_share).max(0.01) {
             self.cut_at = None;
             return (limit as f64 * 0.9) as usize;
         }
+        let (Some(latency), Some(baseline)) = (latency, self.baseline) else {
+            return limit;
+        };
+        // Calls of under a microsecond are measured as none.
+        let baseline = baseline.max(Duration::from_micros(1));
         if latency.as_secs_f64() > 1.25 * baseline.as_secs_f64() {
             if self
                 .cut_at
@@ -173,9 +185,9 @@ impl Capacity {
             self.probing = Some((limit, 2));
             return limit - limit / 4;
         }
-        let reached = peak * 10 >= limit * 9;
+        let reached = peak.saturating_mul(10) >= limit.saturating_mul(9);
         if reached && latency.as_secs_f64() <= 1.1 * baseline.as_secs_f64() {
-            return limit + limit.div_ceil(10);
+            return limit.saturating_add(limit.div_ceil(10));
         }
         limit
     }
@@ -202,9 +214,13 @@ impl Capacity {
             if self.past.len() == self.history {
                 self.past.pop_front();
             }
-            self.past.push_back(latency);
+            self.past.push_back(micros(latency));
         }
-        self.baseline = self.past.iter().min().copied();
+        self.baseline = self
+            .past
+            .iter()
+            .min()
+            .map(|&least| Duration::from_micros(u64::from(least)));
     }
 }
 
@@ -214,15 +230,23 @@ impl Algorithm for Capacity {
         if sample.dropped {
             self.drops += 1;
         } else {
-            self.served += 1;
+            // Past `MAX_KEPT`, the latest replace the earliest.
             if self.latencies.len() < MAX_KEPT {
-                let micros = sample.latency.as_micros().min(u128::from(u32::MAX)) as u32;
-                self.latencies.push(micros);
+                self.latencies.push(micros(sample.latency));
+            } else {
+                self.latencies[self.served as usize % MAX_KEPT] = micros(sample.latency);
             }
+            self.served += 1;
         }
         self.peak_in_flight = self.peak_in_flight.max(sample.in_flight);
         let samples = self.served + self.drops;
-        if sample.now.saturating_sub(started) < self.window || samples < self.min_samples {
+        // At least twice the baseline: a window shorter than a call holds
+        // only calls admitted before the last move, and could not see it.
+        let window = self.window.max(
+            self.baseline
+                .map_or(Duration::ZERO, |baseline| baseline.saturating_mul(2)),
+        );
+        if sample.now.saturating_sub(started) < window || samples < self.min_samples {
             return limit;
         }
         self.close_window(sample.now, limit)

@@ -63,11 +63,19 @@ impl Gradient2 {
 
 impl Algorithm for Gradient2 {
     fn update(&mut self, sample: &Sample, limit: usize) -> usize {
-        let estimate = *self.estimate.get_or_insert(limit as f64);
+        // Clamped by the bounds, the estimate starts again from the limit
+        // in force, as Netflix's clamps its own.
+        let estimate = match self.estimate {
+            Some(estimate) if estimate as usize == limit => estimate,
+            _ => limit as f64,
+        };
+        self.estimate = Some(estimate);
         let short = sample.latency.as_secs_f64().max(1e-9);
-        let mut long = self.long.add(short);
+        let long = self.long.add(short);
         if long / short > 2.0 {
-            long = self.long.scale(0.95);
+            // For the next samples: this one's gradient uses the average
+            // before it is pulled down.
+            self.long.scale(0.95);
         }
         if (sample.in_flight as f64) < estimate / 2.0 {
             return estimate as usize;
@@ -80,7 +88,9 @@ impl Algorithm for Gradient2 {
     }
 
     fn baseline(&self) -> Option<Duration> {
-        (self.long.count > 0).then(|| Duration::from_secs_f64(self.long.value))
+        (self.long.count > 0)
+            .then(|| Duration::try_from_secs_f64(self.long.value).ok())
+            .flatten()
     }
 }
 
@@ -115,8 +125,7 @@ impl Average {
         self.value
     }
 
-    fn scale(&mut self, by: f64) -> f64 {
+    fn scale(&mut self, by: f64) {
         self.value *= by;
-        self.value
     }
 }

@@ -58,10 +58,12 @@ impl Adaptive {
         self
     }
 
-    /// What an error of the inner service, other than a timeout, says of
-    /// the dependency. Unless set, nothing: it is ignored. A timeout
-    /// (`tower::timeout::error::Elapsed`, `tokio::time::error::Elapsed`) is
-    /// always a drop.
+    /// What an error of the inner service of a
+    /// [`ConcurrencyLayer`](crate::ConcurrencyLayer) (or a keyed one), other
+    /// than a timeout, says of the dependency. Unless set, nothing: it is
+    /// ignored. A timeout (`tower::timeout::error::Elapsed`,
+    /// `tokio::time::error::Elapsed`, or an error wrapping one) is always a
+    /// drop. (The HTTP layers judge by status, and ignore errors.)
     ///
     /// ```
     /// use tower_inflight::adaptive::{Adaptive, Outcome};
@@ -136,21 +138,27 @@ impl AdaptiveLimit {
             .map_or(Outcome::Ignore, |classify| classify(error))
     }
 
-    /// Feeds `sample` to the algorithm and, under the same lock, hands its
-    /// answer, clamped, to `put_in_force` with the limit it replaces.
-    /// Returns the algorithm's baseline latency, if it keeps one.
+    /// Feeds `sample` to the algorithm, with the limit `in_force` reads
+    /// under the algorithm's lock, and puts its answer, clamped, in force
+    /// with `put_in_force` under the same lock: two samples recorded at
+    /// once each see the limit the other left, in the order they took the
+    /// lock. Returns the move made, if any, and the algorithm's baseline
+    /// latency: what follows a move (waking the callers waiting, the event
+    /// hook) is the caller's to do once the lock is let go.
     pub(crate) fn update(
         &self,
         sample: &Sample,
-        limit: usize,
+        in_force: impl FnOnce() -> usize,
         put_in_force: impl FnOnce(usize),
-    ) -> Option<Duration> {
+    ) -> (Option<(usize, usize)>, Option<Duration>) {
         let mut algorithm = lock(&self.algorithm);
-        let next = algorithm.update(sample, limit).clamp(self.min, self.max);
-        if next != limit {
-            put_in_force(next);
-        }
-        algorithm.baseline()
+        let from = in_force();
+        let to = algorithm.update(sample, from).clamp(self.min, self.max);
+        let moved = (to != from).then(|| {
+            put_in_force(to);
+            (from, to)
+        });
+        (moved, algorithm.baseline())
     }
 }
 

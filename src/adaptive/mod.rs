@@ -35,10 +35,15 @@
 //!   says nothing of the dependency's capacity);
 //! - through [`HttpConcurrencyLayer`](crate::http::HttpConcurrencyLayer),
 //!   503, 429 and the other 5xx statuses are drops, everything else a
-//!   latency sample, measured when the response's head arrives;
+//!   latency sample, measured when the response's head arrives (a refusal
+//!   by a bulkhead further in is nothing);
 //! - a [`Permit`](crate::Permit) taken by hand is a latency sample when it
 //!   is dropped, unless [`Permit::record`](crate::Permit::record) said
-//!   otherwise first (or it is dropped while its thread panics).
+//!   otherwise first (or it is dropped while its thread panics, or after
+//!   its slot was reclaimed).
+//!
+//! Put a timeout inside the bulkhead, so that it sees the timeout's error:
+//! a timeout outside it cancels the call, which is no sample.
 //!
 //! # The algorithms
 //!

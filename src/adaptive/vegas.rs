@@ -31,11 +31,15 @@ use std::time::Duration;
 pub struct Vegas {
     smoothing: f64,
     probe_multiplier: f64,
-    /// The limit as a real number: the steps are fractions.
+    /// The limit as a real number (the steps are fractions), while it is
+    /// the limit in force: clamped by the bounds, it starts again from
+    /// there, as Netflix's clamps its estimate.
     estimate: Option<f64>,
     least: Option<Duration>,
     samples_since_probe: u64,
-    jitter: u64,
+    /// Samples between probes, over the limit: drawn once a probe.
+    probe_jitter: Option<f64>,
+    random: u64,
 }
 
 impl Default for Vegas {
@@ -46,13 +50,15 @@ impl Default for Vegas {
             estimate: None,
             least: None,
             samples_since_probe: 0,
-            jitter: 0x9E37_79B9_7F4A_7C15,
+            probe_jitter: None,
+            random: 0x9E37_79B9_7F4A_7C15,
         }
     }
 }
 
 impl Vegas {
-    /// How much of each step is taken, in `(0, 1]` (1 unless set).
+    /// How much of each step is taken, in `(0, 1]` (1 unless set; a value
+    /// outside it, or NaN, leaves 1).
     pub fn smoothing(mut self, smoothing: f64) -> Self {
         self.smoothing = if smoothing > 0.0 {
             smoothing.min(1.0)
@@ -65,20 +71,31 @@ impl Vegas {
     /// A jitter in `[0.5, 1)`, from a xorshift of its own: deterministic, so
     /// that tests and demos repeat.
     fn next_jitter(&mut self) -> f64 {
-        self.jitter ^= self.jitter << 13;
-        self.jitter ^= self.jitter >> 7;
-        self.jitter ^= self.jitter << 17;
-        0.5 + (self.jitter >> 11) as f64 / (1u64 << 53) as f64 / 2.0
+        self.random ^= self.random << 13;
+        self.random ^= self.random >> 7;
+        self.random ^= self.random << 17;
+        0.5 + (self.random >> 11) as f64 / (1u64 << 53) as f64 / 2.0
     }
 }
 
 impl Algorithm for Vegas {
     fn update(&mut self, sample: &Sample, limit: usize) -> usize {
-        let estimate = *self.estimate.get_or_insert(limit as f64);
+        let estimate = match self.estimate {
+            Some(estimate) if estimate as usize == limit => estimate,
+            _ => limit as f64,
+        };
+        self.estimate = Some(estimate);
         self.samples_since_probe += 1;
-        let probe_at = self.probe_multiplier * estimate * self.next_jitter();
-        if self.samples_since_probe as f64 >= probe_at {
+        let jitter = match self.probe_jitter {
+            Some(jitter) => jitter,
+            None => {
+                let jitter = self.next_jitter();
+                *self.probe_jitter.insert(jitter)
+            }
+        };
+        if self.samples_since_probe as f64 >= self.probe_multiplier * estimate * jitter {
             self.samples_since_probe = 0;
+            self.probe_jitter = None;
             self.least = Some(sample.latency);
             return estimate as usize;
         }

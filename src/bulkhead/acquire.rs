@@ -125,8 +125,11 @@ impl Acquire {
                         Ok(claim) => break 'arriving Granted::new(this.shared.clone(), claim),
                         Err(reason) => reason,
                     };
+                    // A weight over the limit in force (an adaptive limit
+                    // that moved below it) could hold up the whole line.
+                    let fits = this.ticket.get_weight() <= shared.slots().limit();
                     let wait = match shared.config().wait {
-                        Some(wait) if reason == ShedReason::LimitReached => wait,
+                        Some(wait) if reason == ShedReason::LimitReached && fits => wait,
                         _ => {
                             this.state.set(State::Done);
                             return Poll::Ready(Err(shared.saturated_at(reason, now)));

@@ -45,10 +45,11 @@ impl PendingSample {
         }
     }
 
-    /// The permit was dropped with no outcome recorded.
+    /// The permit was dropped with no outcome recorded, having `released`
+    /// its slot: if a reclaim had freed it, its hold is no latency.
     #[cold]
-    fn dropped_unrecorded(self, shared: &Shared) {
-        let outcome = if std::thread::panicking() {
+    fn dropped_unrecorded(self, shared: &Shared, released: bool) {
+        let outcome = if !released || std::thread::panicking() {
             Outcome::Ignore
         } else {
             self.on_drop
@@ -102,9 +103,9 @@ impl<'a> BorrowedPermit<'a> {
 impl Drop for BorrowedPermit<'_> {
     #[inline(always)]
     fn drop(&mut self) {
-        self.shared.release_permit(&self.claim);
+        let released = self.shared.release_permit(&self.claim);
         if let Some(pending) = self.sample.take() {
-            pending.dropped_unrecorded(self.shared);
+            pending.dropped_unrecorded(self.shared, released);
         }
     }
 }
@@ -177,7 +178,7 @@ impl Permit {
     /// Tells the bulkhead's adaptive limit how the call went, now: its
     /// latency is measured to this moment. Without it, a permit dropped is
     /// a [`Success`](Outcome::Success) measured to its drop (or ignored if
-    /// its thread is panicking). Only the first outcome counts; without an
+    /// its thread is panicking, or its slot was reclaimed). Only the first outcome counts; without an
     /// adaptive limit it does nothing. The layers record their calls'
     /// outcomes themselves.
     ///
@@ -397,9 +398,9 @@ impl Drop for Permit {
         // lease next, which carries this one's release.
         #[cfg(feature = "redis")]
         drop(self.lease.take());
-        self.shared.let_go(&self.claim, self.share);
+        let released = self.shared.let_go(&self.claim, self.share);
         if let Some(pending) = self.sample.take() {
-            pending.dropped_unrecorded(&self.shared);
+            pending.dropped_unrecorded(&self.shared, released);
         }
     }
 }

@@ -256,7 +256,7 @@ impl Shared {
         impl Drop for GiveBackOnUnwind<'_> {
             fn drop(&mut self) {
                 if self.armed {
-                    self.shared.let_go(&self.claim, self.share);
+                    let _ = self.shared.let_go(&self.claim, self.share);
                 }
             }
         }
@@ -275,11 +275,11 @@ impl Shared {
     /// `share` still recorded on them: a permit's drop, or an event hook
     /// that panicked before the permit was built.
     #[inline(always)]
-    pub(crate) fn let_go(&self, claim: &Claim, share: Share) {
+    pub(crate) fn let_go(&self, claim: &Claim, share: Share) -> bool {
         if share.bytes() != 0 {
             self.give_back_share(claim, share);
         }
-        self.release_permit(claim);
+        self.release_permit(claim)
     }
 
     /// Takes the bytes of `share` off the slot of `claim` and gives them
@@ -324,10 +324,12 @@ impl Shared {
         }
     }
 
-    /// The holder of `claim` gives it back (in `Permit::drop`).
+    /// The holder of `claim` gives it back (in `Permit::drop`). Returns
+    /// whether it still held it: false if a reclaim or a reset freed it.
     #[inline(always)]
-    pub(crate) fn release_permit(&self, claim: &Claim) {
-        if self.slots.release(claim) > 0 {
+    pub(crate) fn release_permit(&self, claim: &Claim) -> bool {
+        let released = self.slots.release(claim) > 0;
+        if released {
             // The hold time costs a clock read: only sampled claims pay it,
             // and only for the metrics that record it.
             let held = (cfg!(feature = "metrics") && claim.sample()).then(|| {
@@ -344,6 +346,7 @@ impl Shared {
         if self.drain.is_draining() {
             self.wake_drains_if_done();
         }
+        released
     }
 
     /// A drain is under way: if nothing is in flight or waiting now, it is
@@ -525,6 +528,7 @@ impl Shared {
     /// the new room goes to the callers waiting first; lowered, no one is
     /// evicted, and no one is admitted until the calls in flight are under
     /// it.
+    #[cfg(test)]
     pub(crate) fn set_limit(&self, limit: usize) {
         self.slots.set_limit(limit);
         self.waiters.after_release(&self.slots, &self.clock);
@@ -563,11 +567,17 @@ impl Shared {
             outcome == Outcome::Dropped,
             now,
         );
-        let from = self.slots.limit();
-        let baseline = adaptive.update(&sample, from, |to| {
-            self.set_limit(to);
+        let (moved, baseline) = adaptive.update(
+            &sample,
+            || self.slots.limit(),
+            |to| self.slots.set_limit(to),
+        );
+        if let Some((from, to)) = moved {
+            // Out of the algorithm's lock: a waker or a hook may record
+            // another sample on this bulkhead.
+            self.waiters.after_release(&self.slots, &self.clock);
             self.observer.limit_changed(from, to);
-        });
+        }
         self.observer.baseline_latency(baseline);
     }
 

@@ -38,13 +38,18 @@ impl InFlight {
     }
 }
 
-/// What a response's status says of the dependency: 503, 429, a timeout
-/// (408) and the other 5xx are drops; anything else was served.
-pub(crate) fn outcome_of(status: http::StatusCode) -> Outcome {
-    if status.is_server_error()
-        || status == http::StatusCode::TOO_MANY_REQUESTS
-        || status == http::StatusCode::REQUEST_TIMEOUT
+/// What a response says of the dependency: 503, 429 and the other 5xx are
+/// drops, anything else was served; a bulkhead's own refusal (a layer
+/// further in) says nothing.
+pub(crate) fn outcome_of<B>(response: &http::Response<B>) -> Outcome {
+    let status = response.status();
+    if response
+        .extensions()
+        .get::<super::response::Shed>()
+        .is_some()
     {
+        Outcome::Ignore
+    } else if status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS {
         Outcome::Dropped
     } else {
         Outcome::Success

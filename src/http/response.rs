@@ -8,6 +8,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Builds the response to a shed request.
+/// Marks a response as a bulkhead's own refusal: an adaptive limit
+/// further out takes it for no sign of the dependency's capacity.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shed;
+
+/// Marks `response` as a bulkhead's own refusal (see [`Shed`]).
+pub(crate) fn marked_shed(mut response: Response<Bytes>) -> Response<Bytes> {
+    response.extensions_mut().insert(Shed);
+    response
+}
+
 pub(crate) type ShedResponder = Arc<dyn Fn(&ServiceSaturated) -> Response<Bytes> + Send + Sync>;
 
 /// `503 Service Unavailable` with `Retry-After` (whole seconds, at least
@@ -29,7 +40,10 @@ pub(crate) fn service_unavailable(
 
 /// [`service_unavailable`] with the shed's own retry hint.
 pub(crate) fn refusal(shed: &ServiceSaturated) -> Response<Bytes> {
-    service_unavailable(shed, retry_after_secs(shed.retry_after()))
+    marked_shed(service_unavailable(
+        shed,
+        retry_after_secs(shed.retry_after()),
+    ))
 }
 
 /// A `Retry-After` value: the hint rounded up to whole seconds, and never 0,

@@ -190,10 +190,13 @@ where
 
 fn shed_response(settings: &Settings, shed: &ServiceSaturated) -> Response<Bytes> {
     if let Some(respond) = &settings.on_shed {
-        return respond(shed);
+        return response::marked_shed(respond(shed));
     }
     let hint = settings.retry_after.unwrap_or(shed.retry_after());
-    response::service_unavailable(shed, response::retry_after_secs(hint))
+    response::marked_shed(response::service_unavailable(
+        shed,
+        response::retry_after_secs(hint),
+    ))
 }
 
 impl<S: Clone> Clone for HttpConcurrency<S> {
@@ -301,7 +304,7 @@ where
                     // On success the body carries the slot on; on error it is freed here.
                     let mut in_flight = in_flight.take();
                     if let (Ok(response), Some(in_flight)) = (&output, &mut in_flight) {
-                        in_flight.record(super::body::outcome_of(response.status()));
+                        in_flight.record(super::body::outcome_of(response));
                     }
                     return Poll::Ready(output.map(|response| {
                         response.map(|body| ResponseBody::streaming(body, in_flight))

@@ -350,7 +350,11 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
                 keys: Keys::new(
                     config.per_key.clone(),
                     // A key can never hold more slots than the ceiling has.
-                    ceiling.as_ref().map(Bulkhead::limit),
+                    // (The configured one: an adaptive ceiling's limit
+                    // in force moves.)
+                    ceiling
+                        .as_ref()
+                        .map(|ceiling| ceiling.shared().config().limit),
                     config.limit_of,
                     config.guarantee_of,
                     config.weight_of,

@@ -259,7 +259,7 @@ where
                 // are freed here.
                 let mut permit = permit.take();
                 if let (Ok(response), Some(permit)) = (&output, &mut permit) {
-                    permit.record(crate::http::outcome_of(response.status()));
+                    permit.record(crate::http::outcome_of(response));
                 }
                 Poll::Ready(output.map(|response| {
                     response

@@ -645,6 +645,13 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             None => config.limit,
         }
         .clamp(1, self.max_limit);
+        // An adaptive limit's bounds are kept within the key's own limit.
+        if let Some(adaptive) = &mut config.adaptive {
+            adaptive.min = adaptive.min.min(config.limit);
+            adaptive.initial = adaptive
+                .initial
+                .map(|initial| initial.clamp(adaptive.min, config.limit));
+        }
         // No series per key unless the key is one to report: their number
         // is unbounded. (The ceiling, a plain bulkhead, reports as any does;
         // per-key figures are in the keyed bulkhead's status.)

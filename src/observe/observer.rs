@@ -36,6 +36,8 @@ impl Observer {
     ) -> Self {
         #[cfg(any(feature = "metrics", feature = "tracing"))]
         let service = name.unwrap_or("bulkhead");
+        #[cfg(not(feature = "metrics"))]
+        let _ = adaptive;
         Self {
             hook,
             refusals: Refusals::new(name, limit),

@@ -347,6 +347,18 @@ impl Waiters {
                 continue;
             }
             let weight = head.weight;
+            if weight > slots.limit() {
+                // The limit in force moved below it while it waited (an
+                // adaptive limit): it would hold up the line for good.
+                let head = queue.take(place);
+                self.resolve(
+                    queue,
+                    &head,
+                    NodeState::Refused(ShedReason::LimitReached),
+                    woken,
+                );
+                continue;
+            }
             let Some(claim) = self.claim(slots, now, weight) else {
                 break;
             };
