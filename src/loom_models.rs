@@ -16,6 +16,11 @@ const HOLD: u64 = 10;
 
 /// Claims a slot, counts itself in while it holds it, and checks that no
 /// more than `limit` ever hold one at once.
+/// A clock that stands still: the models race threads, not time.
+fn still() -> Clock {
+    Clock::Manual(ManualClock::new())
+}
+
 fn hold_once(table: &SlotTable, holders: &AtomicUsize, limit: usize) -> bool {
     let Some(claim) = table.try_claim(1, Ordering::Relaxed) else {
         return false;
@@ -185,7 +190,13 @@ fn waiter_meets_a_release(limit: usize, weight: usize) {
                 waiters.after_release(&table, &Clock::Manual(ManualClock::new()));
             })
         };
-        let arrival = waiters.arrive(&table, 1, None, crate::Ticket::new().weight(weight), None);
+        let arrival = waiters.arrive(
+            &table,
+            &still(),
+            None,
+            crate::Ticket::new().weight(weight),
+            None,
+        );
         releaser.join().unwrap();
         let got_slots = match &arrival {
             Arrival::Admitted(_) => true,
@@ -209,9 +220,13 @@ fn loom_a_move_and_an_arrival_never_miss_each_other() {
         let table = Arc::new(SlotTable::new(1, 1, HOLD, None));
         let waiters = Arc::new(Waiters::new(QueueOrder::PriorityFifo));
         let held = table.try_claim(1, Ordering::Relaxed).unwrap();
-        let Arrival::Parked(other) =
-            waiters.arrive(&table, 1, None, crate::Ticket::new().priority(5), None)
-        else {
+        let Arrival::Parked(other) = waiters.arrive(
+            &table,
+            &still(),
+            None,
+            crate::Ticket::new().priority(5),
+            None,
+        ) else {
             panic!("the other caller parks: the only slot is held");
         };
         let movable = Arc::new(MovablePlace::new(10));
@@ -219,7 +234,7 @@ fn loom_a_move_and_an_arrival_never_miss_each_other() {
             let (waiters, movable) = (waiters.clone(), movable.clone());
             thread::spawn(move || waiters.move_in_line(&movable, 1))
         };
-        let arrival = waiters.arrive(&table, 1, None, crate::Ticket::new(), Some(&movable));
+        let arrival = waiters.arrive(&table, &still(), None, crate::Ticket::new(), Some(&movable));
         mover.join().unwrap();
         let Arrival::Parked(moved) = arrival else {
             panic!("the moved caller parks: the only slot is held");
@@ -277,7 +292,7 @@ fn fast_claim(table: &SlotTable, waiters: &Waiters) -> Option<crate::slots::Clai
     if waiters.calm() {
         return table.try_claim(1, Ordering::Relaxed);
     }
-    waiters.claim_behind_parked(table, 1, 1)
+    waiters.claim_behind_parked(table, &still(), 1)
 }
 
 /// A weighted claim of both slots races two light callers: it takes both
@@ -290,7 +305,7 @@ fn loom_a_weighted_claim_never_sheds_a_light_caller_beside_a_free_slot() {
         let waiters = Arc::new(Waiters::default());
         let heavy = {
             let (table, waiters) = (table.clone(), waiters.clone());
-            thread::spawn(move || waiters.claim_behind_parked(&table, 1, 2).is_some())
+            thread::spawn(move || waiters.claim_behind_parked(&table, &still(), 2).is_some())
         };
         let first = {
             let (table, waiters) = (table.clone(), waiters.clone());

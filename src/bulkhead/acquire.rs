@@ -148,7 +148,7 @@ impl Acquire {
                     let wait = shared.wait_budget(wait);
                     let arrival = shared.waiters().arrive(
                         shared.slots(),
-                        shared.now(),
+                        shared.clock(),
                         shared.config().max_waiting,
                         *this.ticket,
                         this.movable.as_deref(),
@@ -207,11 +207,12 @@ impl Acquire {
                         Poll::Ready(Err(reason)) => (Err(reason), WaitEnd::Abandoned),
                         Poll::Pending => {
                             ready!(budget.poll(cx));
-                            let now = shared.now();
-                            match shared
-                                .waiters()
-                                .leave(&place.node, shared.slots(), now, true)
-                            {
+                            match shared.waiters().leave(
+                                &place.node,
+                                shared.slots(),
+                                shared.clock(),
+                                true,
+                            ) {
                                 Left::Granted(claim) => (Ok(claim), WaitEnd::Admitted),
                                 // Turned away as its budget ran out.
                                 Left::Refused(reason) => (Err(reason), WaitEnd::Abandoned),
@@ -309,7 +310,7 @@ impl Drop for Place {
         let shared = &self.shared;
         let granted = shared
             .waiters()
-            .leave(&self.node, shared.slots(), shared.now(), false);
+            .leave(&self.node, shared.slots(), shared.clock(), false);
         if let Left::Granted(claim) = granted {
             shared.give_back_unused(&claim);
         }

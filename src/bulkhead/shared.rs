@@ -209,17 +209,22 @@ impl Shared {
                 .try_claim_weighted(now, weight, Ordering::Relaxed)
                 .ok_or(ShedReason::LimitReached);
         }
-        self.claim_behind_parked(now, weight)
+        self.claim_behind_parked(weight)
     }
 
     #[cold]
-    fn claim_behind_parked(&self, now: u64, weight: usize) -> Result<Claim, ShedReason> {
+    fn claim_behind_parked(&self, weight: usize) -> Result<Claim, ShedReason> {
         if self.waiters.is_closed() {
             return Err(ShedReason::Closed);
         }
         self.waiters
-            .claim_behind_parked(&self.slots, now, weight)
+            .claim_behind_parked(&self.slots, &self.clock, weight)
             .ok_or(ShedReason::LimitReached)
+    }
+
+    /// The bulkhead's clock.
+    pub(crate) fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     /// Called for every permit made, just before it is built: `claim` and

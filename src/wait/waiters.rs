@@ -259,11 +259,14 @@ impl Waiters {
     pub(crate) fn claim_behind_parked(
         &self,
         slots: &SlotTable,
-        now: u64,
+        clock: &Clock,
         weight: usize,
     ) -> Option<Claim> {
         let mut woken = WakeList::default();
         let mut queue = lock(&self.queue);
+        // Read once the line is ours: a claim dated before a wait for the
+        // lock could be reclaimed that much before `reclaim_after`.
+        let now = clock.now();
         self.dispatch(&mut queue, slots, now, &mut woken);
         if self.parked.load(Ordering::SeqCst) & (PARKED | CLOSED) == 0 {
             // Nobody parked, and not closed.
@@ -279,7 +282,7 @@ impl Waiters {
     pub(crate) fn arrive(
         &self,
         slots: &SlotTable,
-        now: u64,
+        clock: &Clock,
         max_parked: Option<usize>,
         ticket: Ticket,
         movable: Option<&MovablePlace>,
@@ -287,6 +290,8 @@ impl Waiters {
         let (priority, weight) = (ticket.get_priority(), ticket.get_weight());
         let mut woken = WakeList::default();
         let mut queue = lock(&self.queue);
+        // Read once the line is ours (see `claim_behind_parked`).
+        let now = clock.now();
         if self.is_closed() {
             return Arrival::Closed;
         }
@@ -429,11 +434,13 @@ impl Waiters {
         &self,
         node: &Node,
         slots: &SlotTable,
-        now: u64,
+        clock: &Clock,
         last_chance: bool,
     ) -> Left {
         let mut woken = WakeList::default();
         let mut queue = lock(&self.queue);
+        // Read once the line is ours (see `claim_behind_parked`).
+        let now = clock.now();
         if last_chance {
             self.dispatch(&mut queue, slots, now, &mut woken);
         }
@@ -474,6 +481,11 @@ mod tests {
 
     const HOLD: u64 = 100;
 
+    /// A clock standing still, for arrivals and departures.
+    fn clock() -> Clock {
+        Clock::Manual(crate::ManualClock::new())
+    }
+
     fn parked(arrival: Arrival) -> Arc<Node> {
         match arrival {
             Arrival::Parked(node) => node,
@@ -501,7 +513,7 @@ mod tests {
                 let priority = round % 3;
                 waiting.push_back(parked(waiters.arrive(
                     &slots,
-                    1,
+                    &clock(),
                     None,
                     Ticket::new().priority(priority),
                     None,
@@ -509,7 +521,7 @@ mod tests {
                 if waiting.len() > 10 {
                     let quitter = waiting.remove(waiting.len() / 2).unwrap();
                     assert!(matches!(
-                        waiters.leave(&quitter, &slots, 1, false),
+                        waiters.leave(&quitter, &slots, &clock(), false),
                         Left::Waiting
                     ));
                 }
@@ -540,7 +552,7 @@ mod tests {
     }
 
     fn park_with_checker(waiters: &Arc<Waiters>, slots: &SlotTable) -> Arc<CheckUnlocked> {
-        let node = parked(waiters.arrive(slots, 1, None, Ticket::new(), None));
+        let node = parked(waiters.arrive(slots, &clock(), None, Ticket::new(), None));
         let checker = Arc::new(CheckUnlocked {
             waiters: waiters.clone(),
             unlocked: AtomicBool::new(false),
