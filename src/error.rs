@@ -85,23 +85,19 @@ pub enum ShedReason {
 
 impl ShedReason {
     /// How many reasons there are, for tables indexed by reason.
-    pub(crate) const COUNT: usize = 11;
+    pub(crate) const COUNT: usize = REASONS.len();
 
     /// Every reason, in the order of [`index`](Self::index).
     #[cfg(feature = "metrics")]
-    pub(crate) const ALL: [ShedReason; Self::COUNT] = [
-        ShedReason::LimitReached,
-        ShedReason::WaitExpired,
-        ShedReason::TooManyWaiting,
-        ShedReason::Bytes,
-        ShedReason::Closed,
-        ShedReason::Cancelled,
-        ShedReason::Saturated,
-        ShedReason::InvalidWeight,
-        ShedReason::ClusterLimit,
-        ShedReason::ClusterUnavailable,
-        ShedReason::TooManyKeys,
-    ];
+    pub(crate) const ALL: [ShedReason; Self::COUNT] = {
+        let mut all = [ShedReason::LimitReached; Self::COUNT];
+        let mut at = 0;
+        while at < Self::COUNT {
+            all[at] = REASONS[at].0;
+            at += 1;
+        }
+        all
+    };
 
     /// Whether the call was refused for want of a slot (rather than bytes,
     /// a closed bulkhead, a cancelled wait or a bad weight).
@@ -115,55 +111,73 @@ impl ShedReason {
         )
     }
 
+    /// Its place in [`REASONS`], and in every table indexed by reason.
     pub(crate) fn index(self) -> usize {
-        match self {
-            ShedReason::LimitReached => 0,
-            ShedReason::WaitExpired => 1,
-            ShedReason::TooManyWaiting => 2,
-            ShedReason::Bytes => 3,
-            ShedReason::Closed => 4,
-            ShedReason::Cancelled => 5,
-            ShedReason::Saturated => 6,
-            ShedReason::InvalidWeight => 7,
-            ShedReason::ClusterLimit => 8,
-            ShedReason::ClusterUnavailable => 9,
-            ShedReason::TooManyKeys => 10,
-        }
+        self as usize
     }
 
     /// A short, stable, lower-case label, fit for logs and metric labels.
     pub fn as_str(self) -> &'static str {
-        match self {
-            ShedReason::LimitReached => "limit",
-            ShedReason::WaitExpired => "wait_expired",
-            ShedReason::TooManyWaiting => "too_many_waiting",
-            ShedReason::Bytes => "bytes",
-            ShedReason::Closed => "closed",
-            ShedReason::Cancelled => "cancelled",
-            ShedReason::Saturated => "saturated",
-            ShedReason::InvalidWeight => "invalid_weight",
-            ShedReason::ClusterLimit => "cluster_limit",
-            ShedReason::ClusterUnavailable => "cluster_unavailable",
-            ShedReason::TooManyKeys => "too_many_keys",
-        }
+        REASONS[self.index()].1
     }
 }
 
+/// Every reason, in the order it is declared in (its `index`), with its
+/// label and what it says to a person: the one list of them.
+const REASONS: [(ShedReason, &str, &str); 11] = [
+    (ShedReason::LimitReached, "limit", "all slots in use"),
+    (
+        ShedReason::WaitExpired,
+        "wait_expired",
+        "no slot came free within the wait budget",
+    ),
+    (
+        ShedReason::TooManyWaiting,
+        "too_many_waiting",
+        "too many callers already waiting",
+    ),
+    (ShedReason::Bytes, "bytes", "the byte budget is spent"),
+    (ShedReason::Closed, "closed", "the bulkhead is closed"),
+    (ShedReason::Cancelled, "cancelled", "waiting was cancelled"),
+    (
+        ShedReason::Saturated,
+        "saturated",
+        "all slots in use, and recent waits were futile",
+    ),
+    (
+        ShedReason::InvalidWeight,
+        "invalid_weight",
+        "the call's weight is 0 or more than the limit",
+    ),
+    (
+        ShedReason::ClusterLimit,
+        "cluster_limit",
+        "the cluster-wide ceiling is full",
+    ),
+    (
+        ShedReason::ClusterUnavailable,
+        "cluster_unavailable",
+        "the cluster ceiling could not be asked",
+    ),
+    (
+        ShedReason::TooManyKeys,
+        "too_many_keys",
+        "too many keys held, none of them idle",
+    ),
+];
+
+// Each reason is at its own index: the table and the enum agree.
+const _: () = {
+    let mut at = 0;
+    while at < REASONS.len() {
+        assert!(REASONS[at].0 as usize == at);
+        at += 1;
+    }
+};
+
 impl fmt::Display for ShedReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ShedReason::LimitReached => "all slots in use",
-            ShedReason::WaitExpired => "no slot came free within the wait budget",
-            ShedReason::TooManyWaiting => "too many callers already waiting",
-            ShedReason::Bytes => "the byte budget is spent",
-            ShedReason::Closed => "the bulkhead is closed",
-            ShedReason::Cancelled => "waiting was cancelled",
-            ShedReason::Saturated => "all slots in use, and recent waits were futile",
-            ShedReason::InvalidWeight => "the call's weight is 0 or more than the limit",
-            ShedReason::ClusterLimit => "the cluster-wide ceiling is full",
-            ShedReason::ClusterUnavailable => "the cluster ceiling could not be asked",
-            ShedReason::TooManyKeys => "too many keys held, none of them idle",
-        })
+        f.write_str(REASONS[self.index()].2)
     }
 }
 
