@@ -1,6 +1,6 @@
 //! Gradient2: the latency now against its long-run average.
 
-use crate::adaptive::{Algorithm, Sample};
+use crate::adaptive::{in_force, Algorithm, Sample};
 use std::time::Duration;
 
 /// Netflix's `Gradient2Limit`: the limit times the gradient between a
@@ -63,13 +63,7 @@ impl Gradient2 {
 
 impl Algorithm for Gradient2 {
     fn update(&mut self, sample: &Sample, limit: usize) -> usize {
-        // Clamped by the bounds, the estimate starts again from the limit
-        // in force, as Netflix's clamps its own.
-        let estimate = match self.estimate {
-            Some(estimate) if estimate as usize == limit => estimate,
-            _ => limit as f64,
-        };
-        self.estimate = Some(estimate);
+        let estimate = *self.estimate.insert(in_force(self.estimate, limit));
         let short = sample.latency.as_secs_f64().max(1e-9);
         let long = self.long.add(short);
         if long / short > 2.0 {

@@ -86,3 +86,14 @@ pub use vegas::Vegas;
 pub(crate) fn log10_at_least_one(limit: f64) -> f64 {
     limit.log10().floor().max(1.0)
 }
+
+/// An algorithm's own estimate of the limit, a real number, while it is the
+/// limit in force; else the limit in force. Clamped by the bounds, an
+/// estimate starts again from where they put it, as Netflix's algorithms
+/// clamp their own: one left to run past the maximum would stop shrinking.
+pub(crate) fn in_force(estimate: Option<f64>, limit: usize) -> f64 {
+    match estimate {
+        Some(estimate) if estimate as usize == limit => estimate,
+        _ => limit as f64,
+    }
+}

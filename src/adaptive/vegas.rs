@@ -1,6 +1,6 @@
 //! Vegas: the queue inside the dependency, estimated from latency.
 
-use crate::adaptive::{log10_at_least_one, Algorithm, Sample};
+use crate::adaptive::{in_force, log10_at_least_one, Algorithm, Sample};
 use std::time::Duration;
 
 /// TCP Vegas's rule, as Netflix's `concurrency-limits` defines it.
@@ -80,11 +80,7 @@ impl Vegas {
 
 impl Algorithm for Vegas {
     fn update(&mut self, sample: &Sample, limit: usize) -> usize {
-        let estimate = match self.estimate {
-            Some(estimate) if estimate as usize == limit => estimate,
-            _ => limit as f64,
-        };
-        self.estimate = Some(estimate);
+        let estimate = *self.estimate.insert(in_force(self.estimate, limit));
         self.samples_since_probe += 1;
         let jitter = match self.probe_jitter {
             Some(jitter) => jitter,
