@@ -726,7 +726,12 @@ async fn a_waiter_heavier_than_a_shrunk_limit_is_turned_away() {
     let started = tokio::time::Instant::now();
     let waiting = {
         let bulkhead = bulkhead.clone();
-        tokio::spawn(async move { bulkhead.acquire_with(Ticket::new().weight(6)).await.map(drop) })
+        tokio::spawn(async move {
+            bulkhead
+                .acquire_with(Ticket::new().weight(6))
+                .await
+                .map(drop)
+        })
     };
     while bulkhead.waiting() == 0 {
         tokio::task::yield_now().await;
