@@ -32,19 +32,12 @@ pub struct Permit {
 
 /// A permit's sample for the adaptive limit, not yet recorded.
 #[derive(Clone, Copy, Debug)]
-struct PendingSample {
-    started: Started,
-    on_drop: Outcome,
-}
+struct PendingSample(Started);
+
+// Every permit carries one, adaptive or not: kept to a word.
+const _: () = assert!(std::mem::size_of::<Option<PendingSample>>() == 8);
 
 impl PendingSample {
-    fn new(started: Started) -> Self {
-        Self {
-            started,
-            on_drop: Outcome::Success,
-        }
-    }
-
     /// The permit was dropped with no outcome recorded, having `released`
     /// its slot: if a reclaim had freed it, its hold is no latency.
     #[cold]
@@ -52,9 +45,9 @@ impl PendingSample {
         let outcome = if !released || std::thread::panicking() {
             Outcome::Ignore
         } else {
-            self.on_drop
+            self.0.on_drop()
         };
-        shared.record_outcome(self.started, outcome);
+        shared.record_outcome(self.0, outcome);
     }
 }
 
@@ -78,7 +71,7 @@ impl<'a> BorrowedPermit<'a> {
         // in memory across the call, which cost the fast path 8 ns. A hook
         // that panics here gives the slot back itself (see `admitted`).
         shared.admitted(&claim, Share::NONE);
-        let sample = shared.start_sample().map(PendingSample::new);
+        let sample = shared.start_sample().map(PendingSample);
         Self {
             shared,
             claim,
@@ -89,7 +82,7 @@ impl<'a> BorrowedPermit<'a> {
     /// As [`Permit::record`].
     pub fn record(&mut self, outcome: Outcome) {
         if let Some(pending) = self.sample.take() {
-            self.shared.record_outcome(pending.started, outcome);
+            self.shared.record_outcome(pending.0, outcome);
         }
     }
 
@@ -104,7 +97,8 @@ impl Drop for BorrowedPermit<'_> {
     #[inline(always)]
     fn drop(&mut self) {
         let released = self.shared.release_permit(&self.claim);
-        if let Some(pending) = self.sample.take() {
+        // Read, not taken: the permit is gone after this.
+        if let Some(pending) = self.sample {
             pending.dropped_unrecorded(self.shared, released);
         }
     }
@@ -165,7 +159,7 @@ impl Permit {
     pub(crate) fn with_share(shared: Arc<Shared>, claim: Claim, share: Share) -> Self {
         // Counted before the permit is built, as for `BorrowedPermit::new`.
         shared.admitted(&claim, share);
-        let sample = shared.start_sample().map(PendingSample::new);
+        let sample = shared.start_sample().map(PendingSample);
         Self {
             shared,
             claim,
@@ -196,7 +190,7 @@ impl Permit {
     /// ```
     pub fn record(&mut self, outcome: Outcome) {
         if let Some(pending) = self.sample.take() {
-            self.shared.record_outcome(pending.started, outcome);
+            self.shared.record_outcome(pending.0, outcome);
         }
     }
 
@@ -205,7 +199,7 @@ impl Permit {
     #[inline]
     pub(crate) fn ignore_unless_recorded(&mut self) {
         if let Some(pending) = &mut self.sample {
-            pending.on_drop = Outcome::Ignore;
+            pending.0.ignore_on_drop();
         }
     }
 
@@ -399,7 +393,8 @@ impl Drop for Permit {
         #[cfg(feature = "redis")]
         drop(self.lease.take());
         let released = self.shared.let_go(&self.claim, self.share);
-        if let Some(pending) = self.sample.take() {
+        // Read, not taken: the permit is gone after this.
+        if let Some(pending) = self.sample {
             pending.dropped_unrecorded(&self.shared, released);
         }
     }

@@ -107,14 +107,37 @@ impl Shared {
     }
 }
 
-/// When and how a call started, for its adaptive limit's sample.
+/// When and how a call started, for its adaptive limit's sample: 8 bytes,
+/// for every permit carries one.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Started {
-    /// On [`Clock::precise_elapsed`], in nanoseconds (584 years of them):
-    /// kept small, for every permit carries one.
-    at_nanos: u64,
-    /// Calls in flight once it was admitted (at most `MAX_SLOTS`).
-    in_flight: u32,
+    /// On [`Clock::precise_elapsed`], in microseconds, wrapping: a latency
+    /// is the difference, right for calls of up to 71 minutes.
+    at_micros: u32,
+    /// Calls in flight once it was admitted, plus one (never 0, the niche
+    /// `Option` takes), and [`Started::IGNORED`] if its permit's drop is no
+    /// sample.
+    in_flight: std::num::NonZeroU32,
+}
+
+impl Started {
+    /// The mark of a call whose permit's drop is no sample.
+    const IGNORED: u32 = 1 << 31;
+
+    /// Its permit's drop, unless an outcome is recorded first, is no
+    /// sample.
+    pub(crate) fn ignore_on_drop(&mut self) {
+        self.in_flight |= Self::IGNORED;
+    }
+
+    /// What its permit's drop says, if no outcome was recorded first.
+    pub(crate) fn on_drop(self) -> Outcome {
+        if self.in_flight.get() & Self::IGNORED == 0 {
+            Outcome::Success
+        } else {
+            Outcome::Ignore
+        }
+    }
 }
 
 impl Shared {
@@ -548,9 +571,13 @@ impl Shared {
 
     #[cold]
     fn started_now(&self) -> Started {
+        // `in_flight` is at most `MAX_SLOTS` (2^20): plus one, it is not 0
+        // and leaves the top bit free.
+        let in_flight = self.slots.in_flight() as u32 + 1;
         Started {
-            at_nanos: u64::try_from(self.clock.precise_elapsed().as_nanos()).unwrap_or(u64::MAX),
-            in_flight: self.slots.in_flight() as u32,
+            // Truncated on purpose: latencies are differences, wrapping.
+            at_micros: self.clock.precise_elapsed().as_micros() as u32,
+            in_flight: std::num::NonZeroU32::new(in_flight).unwrap_or(std::num::NonZeroU32::MIN),
         }
     }
 
@@ -566,9 +593,10 @@ impl Shared {
             return;
         };
         let now = self.clock.precise_elapsed();
+        let micros = (now.as_micros() as u32).wrapping_sub(started.at_micros);
         let sample = Sample::new(
-            now.saturating_sub(Duration::from_nanos(started.at_nanos)),
-            started.in_flight as usize,
+            Duration::from_micros(u64::from(micros)),
+            (started.in_flight.get() & !Started::IGNORED) as usize - 1,
             outcome == Outcome::Dropped,
             now,
         );
