@@ -587,6 +587,27 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         self.inner.keys.len()
     }
 
+    /// The slots `key` holds now (0 for a key not held), without making it
+    /// or looking at any other key.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig};
+    /// use tower_inflight::Config;
+    ///
+    /// let keyed = KeyedBulkhead::new(KeyedConfig::new(Config::new(4, Duration::from_secs(30))));
+    /// let _permit = keyed.try_acquire(&"tenant-a").unwrap();
+    /// assert_eq!(keyed.in_flight(&"tenant-a"), 1);
+    /// assert_eq!(keyed.in_flight(&"tenant-b"), 0);
+    /// assert_eq!(keyed.keys(), 1);
+    /// ```
+    pub fn in_flight(&self, key: &K) -> usize {
+        self.inner
+            .keys
+            .get(key, |entry| entry.bulkhead.in_flight())
+            .unwrap_or(0)
+    }
+
     /// A snapshot: the keys held, evicted and refused, and the busiest keys
     /// (at most `busiest` of them, those with calls in flight or waiting,
     /// the most first).
