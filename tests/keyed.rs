@@ -660,3 +660,27 @@ async fn under_retry_each_attempt_takes_and_returns_its_own_slots() {
         assert_eq!(held(&keyed), (0, 0));
     }
 }
+
+/// A new key with no room for it is shed for too many keys even while the
+/// ceiling is full; with room, the full ceiling is the reason.
+#[test]
+fn a_new_key_without_room_is_shed_for_too_many_keys_while_the_ceiling_is_full() {
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, LONG))
+            .ceiling(Config::new(1, LONG))
+            .max_keys(1),
+    );
+    let _held = keyed.try_acquire(&"a").unwrap();
+    assert!(keyed.ceiling().unwrap().is_saturated());
+    assert_eq!(reason(keyed.try_acquire(&"b")), ShedReason::TooManyKeys);
+    assert_eq!(reason(keyed.try_acquire(&"a")), ShedReason::LimitReached);
+
+    let roomy = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, LONG))
+            .ceiling(Config::new(1, LONG))
+            .max_keys(2),
+    );
+    let _held = roomy.try_acquire(&"a").unwrap();
+    assert_eq!(reason(roomy.try_acquire(&"b")), ShedReason::LimitReached);
+    assert_eq!(roomy.keys(), 1, "a key shed by the full ceiling is not made");
+}

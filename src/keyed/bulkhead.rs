@@ -373,9 +373,11 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
     /// never waits.
     pub fn try_acquire(&self, key: &K) -> Result<KeyedPermit, ServiceSaturated> {
         // A full ceiling sheds before the key's slot is taken: under
-        // overload, the cheapest refusal.
+        // overload, the cheapest refusal. Unless the key is new and there
+        // is no room for it: then whether it is shed for too many keys is
+        // what the call is told.
         if let Some(ceiling) = &self.inner.ceiling {
-            if ceiling.is_saturated() {
+            if ceiling.is_saturated() && !self.inner.keys.is_full_without(key) {
                 return Err(ceiling.shed_now(ShedReason::LimitReached));
             }
         }
@@ -419,6 +421,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             .ceiling
             .as_ref()
             .is_some_and(Bulkhead::is_saturated)
+            && !self.inner.keys.is_full_without(key)
         {
             return Start::Wait(None);
         }

@@ -802,6 +802,12 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         self.held.load(Ordering::Relaxed)
     }
 
+    /// Whether `key` is not held and `max_keys` keys are: a call of it
+    /// would have to evict one, or be shed for too many keys.
+    pub(crate) fn is_full_without(&self, key: &K) -> bool {
+        self.len() >= self.max_keys && self.get(key, |_| ()).is_none()
+    }
+
     /// Keys of `template` alone, with no function per key.
     #[cfg(test)]
     pub(crate) fn plain(template: Config, max_keys: usize, shards: usize) -> Self {
