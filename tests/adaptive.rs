@@ -79,6 +79,8 @@ struct Dependency {
     no_work_every: Option<u64>,
     /// Every `nth` call is dropped (times out) whatever the load.
     drop_every: Option<u64>,
+    /// (from, base): each call takes this long from then on.
+    slower: Option<(Duration, Duration)>,
 }
 
 impl Dependency {
@@ -88,6 +90,14 @@ impl Dependency {
             capacity: vec![(Duration::ZERO, capacity)],
             no_work_every: None,
             drop_every: None,
+            slower: None,
+        }
+    }
+
+    fn base_at(&self, now: Duration) -> Duration {
+        match self.slower {
+            Some((from, base)) if now >= from => base,
+            _ => self.base,
         }
     }
 
@@ -128,7 +138,7 @@ impl Dependency {
                 let took = if self.no_work_every.is_some_and(|nth| call % nth == 0) {
                     Duration::from_micros(1)
                 } else {
-                    self.base
+                    self.base_at(now)
                 };
                 finishing.push(Reverse((now + took, started, at_start, call)));
             }
@@ -183,6 +193,57 @@ fn capacity_follows_a_dependency_whose_capacity_halves_and_returns() {
             &limits[from..until]
         );
     }
+}
+
+/// Wherever in a window the capacity halves, the limit follows within
+/// 5 s (a cut made on a window the change fell in halfway is too shallow,
+/// and must not be taken for a slower dependency).
+#[test]
+fn capacity_follows_a_halving_wherever_it_falls_in_a_window() {
+    for offset_ms in (0..100).step_by(5) {
+        let mut dependency = Dependency::new(10 * MS, 16);
+        let change = Duration::from_secs(10) + offset_ms * MS;
+        dependency.capacity = vec![(Duration::ZERO, 16), (change, 8)];
+        let limits = dependency.run(&mut Capacity::default(), 20, Duration::from_secs(20));
+        let settled = settled_after(&limits, 101, 200, 8);
+        assert!(
+            settled.is_some_and(|at| at - 101 <= 50),
+            "change at +{offset_ms} ms: {:?}",
+            &limits[100..200]
+        );
+    }
+}
+
+/// A dependency whose every call becomes twice as slow, its capacity the
+/// same: the limit does not collapse, and is back near capacity within
+/// 5 s, the baseline taken afresh.
+#[test]
+fn capacity_holds_when_the_dependency_becomes_slower_for_good() {
+    let mut dependency = Dependency::new(10 * MS, 16);
+    dependency.slower = Some((Duration::from_secs(10), 20 * MS));
+    let limits = dependency.run(&mut Capacity::default(), 20, Duration::from_secs(30));
+    let settled = settled_after(&limits, 100, 300, 16);
+    assert!(
+        settled.is_some_and(|at| at - 100 <= 50),
+        "{:?}",
+        &limits[100..300]
+    );
+    assert!(
+        limits[100..].iter().all(|&limit| limit >= 4),
+        "{:?}",
+        &limits[100..]
+    );
+}
+
+/// Started well over a small capacity (20 against 8): the first probes
+/// find the latency without queueing, and the limit comes near capacity
+/// within 5 s.
+#[test]
+fn capacity_started_over_a_small_capacity_comes_down_to_it() {
+    let limits =
+        Dependency::new(10 * MS, 8).run(&mut Capacity::default(), 20, Duration::from_secs(20));
+    let settled = settled_after(&limits, 0, 200, 8);
+    assert!(settled.is_some_and(|at| at <= 50), "{limits:?}");
 }
 
 #[test]

@@ -69,8 +69,16 @@ pub struct Capacity {
     min_samples: u64,
     /// Windows the baseline looks back over.
     history: usize,
-    /// Windows between probes below the limit.
-    probe_every: u64,
+    /// The window at which the next probe below the limit starts.
+    next_probe: u64,
+    /// Windows from a probe that found nothing new to the next.
+    probe_gap: u64,
+    /// How deep the next probe goes, in quarters off the limit: at start,
+    /// each probe that finds a lower baseline is followed by one a quarter
+    /// deeper, until one finds nothing lower.
+    probe_depth: i32,
+    /// Whether a probe has found nothing lower: the start is over.
+    started_up: bool,
     started: Option<Duration>,
     /// This window's latencies, in microseconds (up to `MAX_KEPT`).
     latencies: Vec<u32>,
@@ -84,11 +92,34 @@ pub struct Capacity {
     drop_share: f64,
     /// The latency of the window that last cut the limit for queueing.
     cut_at: Option<Duration>,
+    /// Cuts in a row after which latency was no lower.
+    futile_cuts: u8,
     windows: u64,
-    /// The limit a probe lowered, to go back to, and the windows it has
-    /// left.
-    probing: Option<(usize, u8)>,
+    /// The probe under way, if one is.
+    probing: Option<Probe>,
 }
+
+/// A probe below the limit: a few windows with fewer calls in flight, to
+/// measure latency without queueing.
+#[derive(Clone, Copy, Debug)]
+struct Probe {
+    /// The limit to go back to.
+    restore: usize,
+    windows_left: u8,
+    /// The baseline before it, to tell whether it found a lower one.
+    baseline_before: Option<Duration>,
+}
+
+/// The limit is set this much over the capacity measured: a queue of a
+/// few calls keeps every worker of the dependency fed between one call's
+/// end and the next call's arrival.
+const HEADROOM: f64 = 1.15;
+/// A window slower than this times the baseline queues.
+const QUEUEING: f64 = 1.3;
+/// A window within this times the baseline has room to grow into.
+const ROOM: f64 = 1.1;
+/// Windows between probes that find nothing new, at first and at most.
+const PROBE_GAPS: (u64, u64) = (30, 100);
 
 /// The latencies a window keeps: more add little.
 const MAX_KEPT: usize = 128;
@@ -104,7 +135,10 @@ impl Default for Capacity {
             window: Duration::from_millis(100),
             min_samples: 10,
             history: 100,
-            probe_every: 30,
+            next_probe: 5,
+            probe_gap: PROBE_GAPS.0,
+            probe_depth: 1,
+            started_up: false,
             started: None,
             latencies: Vec::new(),
             served: 0,
@@ -114,6 +148,7 @@ impl Default for Capacity {
             baseline: None,
             drop_share: 0.0,
             cut_at: None,
+            futile_cuts: 0,
             windows: 0,
             probing: None,
         }
@@ -142,16 +177,8 @@ impl Capacity {
         self.drop_share = 0.9 * self.drop_share + 0.1 * share;
 
         self.remember(latency);
-        if let Some((restore, windows_left)) = self.probing {
-            // A probe's windows only add their latencies to the history;
-            // after the second the limit goes back to where it was, for
-            // the rules below to move on from the next window.
-            if windows_left > 1 {
-                self.probing = Some((restore, windows_left - 1));
-                return limit;
-            }
-            self.probing = None;
-            return restore.max(limit);
+        if let Some(probe) = self.probing.take() {
+            return self.go_on_probing(probe, limit);
         }
         // Before latency: a window of nothing but drops (an outage) has
         // none, and must cut all the same.
@@ -164,32 +191,93 @@ impl Capacity {
         };
         // Calls of under a microsecond are measured as none.
         let baseline = baseline.max(Duration::from_micros(1));
-        if latency.as_secs_f64() > 1.25 * baseline.as_secs_f64() {
-            if self
+        let slowdown = latency.as_secs_f64() / baseline.as_secs_f64();
+        if slowdown > QUEUEING {
+            // The capacity this window measured, with the headroom.
+            let throughput = served as f64 / elapsed.as_secs_f64().max(1e-9);
+            let target = (throughput * baseline.as_secs_f64() * HEADROOM).ceil() as usize;
+            if target >= limit {
+                // The queue is the headroom's own, rounded up to whole
+                // calls (a limit of a few slots): hold, but probe on time.
+                self.cut_at = None;
+                self.futile_cuts = 0;
+                return self.probe_if_due(limit).unwrap_or(limit);
+            }
+            let no_faster = self
                 .cut_at
-                .is_some_and(|before| latency.as_secs_f64() >= 0.95 * before.as_secs_f64())
-            {
-                // Cut, and no faster: the dependency is slower, not queued.
+                .is_some_and(|before| latency.as_secs_f64() >= 0.95 * before.as_secs_f64());
+            self.futile_cuts = if no_faster { self.futile_cuts + 1 } else { 0 };
+            if self.futile_cuts >= 2 {
+                // Two cuts, and no faster: the dependency is slower, not
+                // queued. (One is not enough: a cut made on a window that
+                // a change of capacity fell in halfway measured a
+                // throughput between the old and the new, and the next
+                // window, all of the new, is slower still.)
                 self.past.clear();
                 self.remember(Some(latency));
                 self.cut_at = None;
+                self.futile_cuts = 0;
                 return limit;
             }
             self.cut_at = Some(latency);
-            let throughput = served as f64 / elapsed.as_secs_f64().max(1e-9);
-            let capacity = throughput * baseline.as_secs_f64();
-            return ((capacity * 1.05).ceil() as usize).clamp(limit / 2, limit);
+            return target.max(limit / 2);
         }
+        self.futile_cuts = 0;
         self.cut_at = None;
-        if self.windows % self.probe_every == 5 {
-            self.probing = Some((limit, 2));
-            return limit - limit / 4;
+        if let Some(probe) = self.probe_if_due(limit) {
+            return probe;
         }
         let reached = peak.saturating_mul(10) >= limit.saturating_mul(9);
-        if reached && latency.as_secs_f64() <= 1.1 * baseline.as_secs_f64() {
+        if reached && slowdown <= ROOM {
             return limit.saturating_add(limit.div_ceil(10));
         }
         limit
+    }
+
+    /// The limit of a probe, if one is due: it starts.
+    fn probe_if_due(&mut self, limit: usize) -> Option<usize> {
+        if self.windows < self.next_probe {
+            return None;
+        }
+        self.probing = Some(Probe {
+            restore: limit,
+            windows_left: 2,
+            baseline_before: self.baseline,
+        });
+        Some((limit as f64 * 0.75f64.powi(self.probe_depth)) as usize)
+    }
+
+    /// A window of `probe` ended: the limit stays down for its windows,
+    /// which add their latencies to the history, then goes back to where
+    /// it was, for the rules to move on from the next window. A probe that
+    /// found a lower baseline is followed by another soon (at start, a
+    /// quarter deeper: the limit may have begun well over capacity); one
+    /// that found nothing waits twice as long for the next, up to 10 s.
+    fn go_on_probing(&mut self, probe: Probe, limit: usize) -> usize {
+        if probe.windows_left > 1 {
+            self.probing = Some(Probe {
+                windows_left: probe.windows_left - 1,
+                ..probe
+            });
+            return limit;
+        }
+        let found_lower = match (probe.baseline_before, self.baseline) {
+            (Some(before), Some(now)) => now.as_secs_f64() < 0.9 * before.as_secs_f64(),
+            _ => false,
+        };
+        self.probe_gap = if found_lower {
+            PROBE_GAPS.0
+        } else {
+            self.probe_gap.saturating_mul(2).min(PROBE_GAPS.1)
+        };
+        self.started_up |= !found_lower;
+        self.probe_depth = if found_lower && !self.started_up {
+            (self.probe_depth + 1).min(8)
+        } else {
+            1
+        };
+        self.next_probe = self.windows + if found_lower { 5 } else { self.probe_gap };
+        probe.restore.max(limit)
     }
 
     /// This window's latency, if it served any call: the mean of its
