@@ -79,6 +79,8 @@ pub struct Capacity {
     probe_depth: i32,
     /// Whether a probe has found nothing lower: the start is over.
     started_up: bool,
+    /// Whether a probe ended with the last window.
+    after_probe: bool,
     started: Option<Duration>,
     /// This window's latencies, in microseconds (up to `MAX_KEPT`).
     latencies: Vec<u32>,
@@ -105,19 +107,27 @@ pub struct Capacity {
 struct Probe {
     /// The limit to go back to.
     restore: usize,
+    /// The share of it the probe keeps.
+    lowered: f64,
     windows_left: u8,
     /// The baseline before it, to tell whether it found a lower one.
     baseline_before: Option<Duration>,
+    /// The latency of the window before it, at the limit it lowered.
+    latency_before: Duration,
 }
 
 /// The limit is set this much over the capacity measured: a queue of a
 /// few calls keeps every worker of the dependency fed between one call's
 /// end and the next call's arrival.
-const HEADROOM: f64 = 1.15;
+const HEADROOM: f64 = 1.2;
 /// A window slower than this times the baseline queues.
-const QUEUEING: f64 = 1.3;
-/// A window within this times the baseline has room to grow into.
-const ROOM: f64 = 1.1;
+const QUEUEING: f64 = 1.35;
+/// A window within this times the baseline has room to grow into: a
+/// tenth at a time.
+const ROOM: f64 = 1.15;
+/// A window within this times the baseline shows no queue at all: it grows
+/// by a quarter.
+const NO_QUEUE: f64 = 1.05;
 /// Windows between probes that find nothing new, at first and at most.
 const PROBE_GAPS: (u64, u64) = (30, 100);
 
@@ -139,6 +149,7 @@ impl Default for Capacity {
             probe_gap: PROBE_GAPS.0,
             probe_depth: 1,
             started_up: false,
+            after_probe: false,
             started: None,
             latencies: Vec::new(),
             served: 0,
@@ -201,7 +212,7 @@ impl Capacity {
                 // calls (a limit of a few slots): hold, but probe on time.
                 self.cut_at = None;
                 self.futile_cuts = 0;
-                return self.probe_if_due(limit).unwrap_or(limit);
+                return self.probe_if_due(limit, latency).unwrap_or(limit);
             }
             let no_faster = self
                 .cut_at
@@ -224,27 +235,42 @@ impl Capacity {
         }
         self.futile_cuts = 0;
         self.cut_at = None;
-        if let Some(probe) = self.probe_if_due(limit) {
+        if let Some(probe) = self.probe_if_due(limit, latency) {
             return probe;
         }
+        // (Not before a probe has found the baseline: until then, it may
+        // be the latency of a queue.)
+        // Nor in the window after a probe: its calls were admitted under
+        // the probe's lower limit, and did not queue.
+        let after_probe = std::mem::take(&mut self.after_probe);
         let reached = peak.saturating_mul(10) >= limit.saturating_mul(9);
-        if reached && slowdown <= ROOM {
-            return limit.saturating_add(limit.div_ceil(10));
+        if !reached || slowdown > ROOM || !self.started_up || after_probe {
+            return limit;
         }
-        limit
+        // No queue at all: capacity returned, and the limit may be far
+        // under it; a queue starting: close to it.
+        let step = if slowdown <= NO_QUEUE {
+            limit.div_ceil(4)
+        } else {
+            limit.div_ceil(10)
+        };
+        limit.saturating_add(step)
     }
 
     /// The limit of a probe, if one is due: it starts.
-    fn probe_if_due(&mut self, limit: usize) -> Option<usize> {
+    fn probe_if_due(&mut self, limit: usize, latency: Duration) -> Option<usize> {
         if self.windows < self.next_probe {
             return None;
         }
+        let lowered = 0.75f64.powi(self.probe_depth);
         self.probing = Some(Probe {
             restore: limit,
+            lowered,
             windows_left: 2,
             baseline_before: self.baseline,
+            latency_before: latency,
         });
-        Some((limit as f64 * 0.75f64.powi(self.probe_depth)) as usize)
+        Some((limit as f64 * lowered) as usize)
     }
 
     /// A window of `probe` ended: the limit stays down for its windows,
@@ -261,22 +287,30 @@ impl Capacity {
             });
             return limit;
         }
+        // Whether the baseline fell; and whether latency fell by about as
+        // much as the limit: then the probe still queued (at start, go
+        // deeper), else it found the latency without a queue.
         let found_lower = match (probe.baseline_before, self.baseline) {
-            (Some(before), Some(now)) => now.as_secs_f64() < 0.9 * before.as_secs_f64(),
+            (Some(before), Some(now)) => now.as_secs_f64() < 0.95 * before.as_secs_f64(),
             _ => false,
         };
+        let fell = self.baseline.map_or(1.0, |now| {
+            now.as_secs_f64() / probe.latency_before.as_secs_f64().max(1e-9)
+        });
+        let still_queued = found_lower && fell <= probe.lowered * 1.05;
         self.probe_gap = if found_lower {
             PROBE_GAPS.0
         } else {
             self.probe_gap.saturating_mul(2).min(PROBE_GAPS.1)
         };
-        self.started_up |= !found_lower;
-        self.probe_depth = if found_lower && !self.started_up {
+        self.started_up |= !still_queued;
+        self.probe_depth = if still_queued && !self.started_up {
             (self.probe_depth + 1).min(8)
         } else {
             1
         };
         self.next_probe = self.windows + if found_lower { 5 } else { self.probe_gap };
+        self.after_probe = true;
         probe.restore.max(limit)
     }
 
