@@ -102,3 +102,30 @@ async fn a_refusal_by_a_bulkhead_further_in_is_no_sample() {
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(recording.0.lock().unwrap().len(), 1);
 }
+
+#[tokio::test]
+async fn an_inner_timeout_error_is_a_drop_and_another_error_nothing() {
+    let recording = Recording::default();
+    let layer = HttpConcurrencyLayer::new(
+        Config::new(4, Duration::from_secs(30)).adaptive(Adaptive::new(recording.clone())),
+    );
+    let mut service =
+        ServiceBuilder::new()
+            .layer(layer)
+            .service(service_fn(|request: Request<_>| async move {
+                if request.uri().path() == "/timeout" {
+                    Err::<Response<Full<Bytes>>, BoxError>(
+                        tower::timeout::error::Elapsed::new().into(),
+                    )
+                } else {
+                    Err("refused before any I/O".into())
+                }
+            }));
+    for path in ["/timeout", "/other"] {
+        let request = Request::get(path).body(Full::new(Bytes::new())).unwrap();
+        assert!(service.ready().await.unwrap().call(request).await.is_err());
+    }
+    let samples = recording.0.lock().unwrap().clone();
+    assert_eq!(samples.len(), 1);
+    assert!(samples[0].dropped);
+}

@@ -58,12 +58,12 @@ impl Adaptive {
         self
     }
 
-    /// What an error of the inner service of a
-    /// [`ConcurrencyLayer`](crate::ConcurrencyLayer) (or a keyed one), other
-    /// than a timeout, says of the dependency. Unless set, nothing: it is
-    /// ignored. A timeout (`tower::timeout::error::Elapsed`,
-    /// `tokio::time::error::Elapsed`, or an error wrapping one) is always a
-    /// drop. (The HTTP layers judge by status, and ignore errors.)
+    /// What an error of the inner service, other than a timeout, says of
+    /// the dependency. Unless set, nothing: it is ignored. A timeout
+    /// (`tower::timeout::error::Elapsed`, `tokio::time::error::Elapsed`, or
+    /// an error wrapping one) is always a drop. (Behind the HTTP layers,
+    /// whose inner service may have any error type, the classifier sees
+    /// the errors that are a `BoxError`.)
     ///
     /// ```
     /// use tower_inflight::adaptive::{Adaptive, Outcome};
@@ -136,6 +136,21 @@ impl AdaptiveLimit {
         self.errors
             .as_ref()
             .map_or(Outcome::Ignore, |classify| classify(error))
+    }
+
+    /// The outcome of a call that failed with `error`, of any type: a
+    /// `BoxError` is classified as [`classify_error`](Self::classify_error)
+    /// does; a timeout's own error is a drop; anything else is ignored.
+    pub(crate) fn classify_any(&self, error: &dyn std::any::Any) -> Outcome {
+        if let Some(boxed) = error.downcast_ref::<crate::BoxError>() {
+            self.classify_error(&**boxed)
+        } else if error.is::<tokio::time::error::Elapsed>()
+            || error.is::<tower::timeout::error::Elapsed>()
+        {
+            Outcome::Dropped
+        } else {
+            Outcome::Ignore
+        }
     }
 
     /// Feeds `sample` to the algorithm, with the limit `in_force` reads

@@ -36,7 +36,7 @@
 //! - through [`HttpConcurrencyLayer`](crate::http::HttpConcurrencyLayer),
 //!   503, 429 and the other 5xx statuses are drops, everything else a
 //!   latency sample, measured when the response's head arrives (a refusal
-//!   by a bulkhead further in is nothing);
+//!   by a bulkhead further in is nothing); errors are as above;
 //! - a [`Permit`](crate::Permit) taken by hand is a latency sample when it
 //!   is dropped, unless [`Permit::record`](crate::Permit::record) said
 //!   otherwise first (or it is dropped while its thread panics, or after

@@ -218,6 +218,19 @@ impl Permit {
         self.record(outcome);
     }
 
+    /// Records the outcome of a call that failed with `error`, of any type
+    /// (see `AdaptiveLimit::classify_any`).
+    pub(crate) fn record_error(&mut self, error: &dyn std::any::Any) {
+        if self.sample.is_none() {
+            return;
+        }
+        let outcome = self
+            .shared
+            .adaptive()
+            .map_or(Outcome::Ignore, |adaptive| adaptive.classify_any(error));
+        self.record(outcome);
+    }
+
     /// Takes the permit's bytes off its slot's record; 0 if a reclaim or a
     /// reset has given them back already.
     fn take_bytes(&mut self) -> Share {

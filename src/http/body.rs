@@ -38,6 +38,22 @@ impl InFlight {
     }
 }
 
+impl InFlight {
+    /// Tells the adaptive limit the call failed with `error` (a timeout's
+    /// error is a drop; see `Permit::record_error`).
+    pub(crate) fn record_error(&mut self, error: &dyn std::any::Any) {
+        match self {
+            InFlight::Alone(permit) => permit.record_error(error),
+            InFlight::Shared(permit) => {
+                if let Some(permit) = lock(permit).as_mut() {
+                    permit.record_error(error);
+                }
+            }
+            InFlight::Keyed(permit) => permit.record_error(error),
+        }
+    }
+}
+
 /// What a response says of the dependency: 503, 429 and the other 5xx are
 /// drops, anything else was served; a bulkhead's own refusal (a layer
 /// further in) says nothing.

@@ -68,6 +68,7 @@ impl<S> HttpConcurrency<S> {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for HttpConcurrency<S>
 where
     S: Service<Request<Limited<ReqBody>>, Response = Response<ResBody>> + Clone,
+    S::Error: 'static,
     ReqBody: Body,
     ResBody: Body<Data = Bytes>,
 {
@@ -277,6 +278,8 @@ where
 impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
 where
     S: Service<Request<Limited<ReqBody>>, Response = Response<ResBody>>,
+    // So that an adaptive limit can tell a timeout's error.
+    S::Error: 'static,
 {
     type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
@@ -303,8 +306,12 @@ where
                     let output = ready!(future.poll(cx));
                     // On success the body carries the slot on; on error it is freed here.
                     let mut in_flight = in_flight.take();
-                    if let (Ok(response), Some(in_flight)) = (&output, &mut in_flight) {
-                        in_flight.record(super::body::outcome_of(response));
+                    match (&output, &mut in_flight) {
+                        (Ok(response), Some(in_flight)) => {
+                            in_flight.record(super::body::outcome_of(response));
+                        }
+                        (Err(error), Some(in_flight)) => in_flight.record_error(error),
+                        (_, None) => {}
                     }
                     return Poll::Ready(output.map(|response| {
                         response.map(|body| ResponseBody::streaming(body, in_flight))

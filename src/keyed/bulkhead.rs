@@ -786,6 +786,14 @@ impl KeyedPermit {
         }
     }
 
+    /// As [`Permit::record_error`], for both slots.
+    pub(crate) fn record_error(&mut self, error: &dyn std::any::Any) {
+        self.key.record_error(error);
+        if let Some(ceiling) = &mut self.ceiling {
+            ceiling.record_error(error);
+        }
+    }
+
     /// As [`Permit::record_result`], for both slots.
     pub(crate) fn record_result<T>(&mut self, result: Result<&T, &crate::BoxError>) {
         self.key.record_result(result);

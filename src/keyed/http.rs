@@ -248,6 +248,8 @@ impl<F, B, E> KeyedHttpFuture<F, B, E> {
 impl<F, B, E> Future for KeyedHttpFuture<F, B, E>
 where
     F: Future<Output = Result<Response<B>, E>>,
+    // So that an adaptive limit can tell a timeout's error.
+    E: 'static,
 {
     type Output = Result<Response<ResponseBody<B>>, E>;
 
@@ -258,8 +260,12 @@ where
                 // On success the body carries the slots on; on error they
                 // are freed here.
                 let mut permit = permit.take();
-                if let (Ok(response), Some(permit)) = (&output, &mut permit) {
-                    permit.record(crate::http::outcome_of(response));
+                match (&output, &mut permit) {
+                    (Ok(response), Some(permit)) => {
+                        permit.record(crate::http::outcome_of(response));
+                    }
+                    (Err(error), Some(permit)) => permit.record_error(error),
+                    (_, None) => {}
                 }
                 Poll::Ready(output.map(|response| {
                     response
