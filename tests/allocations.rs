@@ -176,11 +176,13 @@ fn each_slot_takes_at_most_16_bytes_at_any_limit() {
 }
 
 /// A bulkhead of a few slots, as a keyed bulkhead keeps for each key,
-/// keeps no refusal lanes it cannot use: under 2 KiB of heap at limit 4.
+/// keeps no refusal lanes it cannot use: under 2 KiB of heap at limit 4
+/// (under 3 KiB with the metrics' handles, every feature on).
 #[test]
 fn a_bulkhead_of_four_slots_keeps_under_two_kib() {
     let bytes = heap_of(4);
-    assert!(bytes < 2048, "{bytes} bytes at limit 4");
+    let most = if cfg!(feature = "metrics") { 3072 } else { 2048 };
+    assert!(bytes < most, "{bytes} bytes at limit 4");
     assert!(bytes < heap_of(16), "{bytes} bytes at limit 4");
 }
 
