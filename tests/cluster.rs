@@ -1169,3 +1169,38 @@ async fn a_keyed_call_refused_by_an_unreachable_fleet_ceiling_gives_its_key_slot
     drop(held);
     assert_eq!((key_in_flight(&keyed, "a"), ceiling.in_flight()), (0, 0));
 }
+
+/// An adaptive limit is each process's own; the ceiling still caps the
+/// fleet, however far the adaptive limits grow.
+#[tokio::test]
+async fn adaptive_limits_move_per_process_under_the_fleet_s_ceiling() {
+    use tower_inflight::adaptive::{Adaptive, Aimd, Outcome};
+    let server = RedisServer::start();
+    let adaptive = || {
+        Bulkhead::new(
+            Config::new(10, LONG)
+                .adaptive(Adaptive::new(Aimd::default()).initial(3))
+                .cluster_ceiling(ClusterCeiling::new(server.client(), "adaptive", 4)),
+        )
+    };
+    let (a, b) = (adaptive(), adaptive());
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(a.acquire().await.unwrap());
+    }
+    // A's own limit, 3, is reached before the fleet's.
+    assert_eq!(reason(a.acquire().await), ShedReason::LimitReached);
+    held.push(b.acquire().await.unwrap());
+    assert_eq!(reason(b.acquire().await), ShedReason::ClusterLimit);
+
+    // A's calls go well: its limit grows past the ceiling's free room...
+    for permit in &mut held[..3] {
+        permit.record(Outcome::Success);
+    }
+    assert_eq!(a.limit(), 5);
+    // ... and the fleet still holds no more than 4.
+    assert_eq!(reason(a.acquire().await), ShedReason::ClusterLimit);
+    assert_eq!(leases(&server, "adaptive").await, 4);
+    drop(held);
+    until_leases(&server, "adaptive", 0).await;
+}
