@@ -682,5 +682,9 @@ fn a_new_key_without_room_is_shed_for_too_many_keys_while_the_ceiling_is_full() 
     );
     let _held = roomy.try_acquire(&"a").unwrap();
     assert_eq!(reason(roomy.try_acquire(&"b")), ShedReason::LimitReached);
-    assert_eq!(roomy.keys(), 1, "a key shed by the full ceiling is not made");
+    assert_eq!(
+        roomy.keys(),
+        1,
+        "a key shed by the full ceiling is not made"
+    );
 }
