@@ -141,6 +141,7 @@ impl AdaptiveLimit {
     /// The outcome of a call that failed with `error`, of any type: a
     /// `BoxError` is classified as [`classify_error`](Self::classify_error)
     /// does; a timeout's own error is a drop; anything else is ignored.
+    #[cfg(feature = "http")]
     pub(crate) fn classify_any(&self, error: &dyn std::any::Any) -> Outcome {
         if let Some(boxed) = error.downcast_ref::<crate::BoxError>() {
             self.classify_error(&**boxed)

@@ -220,6 +220,7 @@ impl Permit {
 
     /// Records the outcome of a call that failed with `error`, of any type
     /// (see `AdaptiveLimit::classify_any`).
+    #[cfg(feature = "http")]
     pub(crate) fn record_error(&mut self, error: &dyn std::any::Any) {
         if self.sample.is_none() {
             return;

@@ -787,6 +787,7 @@ impl KeyedPermit {
     }
 
     /// As [`Permit::record_error`], for both slots.
+    #[cfg(feature = "http")]
     pub(crate) fn record_error(&mut self, error: &dyn std::any::Any) {
         self.key.record_error(error);
         if let Some(ceiling) = &mut self.ceiling {
