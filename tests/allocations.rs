@@ -181,7 +181,11 @@ fn each_slot_takes_at_most_16_bytes_at_any_limit() {
 #[test]
 fn a_bulkhead_of_four_slots_keeps_under_two_kib() {
     let bytes = heap_of(4);
-    let most = if cfg!(feature = "metrics") { 3072 } else { 2048 };
+    let most = if cfg!(feature = "metrics") {
+        3072
+    } else {
+        2048
+    };
     assert!(bytes < most, "{bytes} bytes at limit 4");
     assert!(bytes < heap_of(16), "{bytes} bytes at limit 4");
 }

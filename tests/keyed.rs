@@ -662,7 +662,8 @@ async fn under_retry_each_attempt_takes_and_returns_its_own_slots() {
 }
 
 /// A new key with no room for it is shed for too many keys even while the
-/// ceiling is full; with room, the full ceiling is the reason.
+/// ceiling is full, and evicts no idle key for a call the ceiling would
+/// refuse; with room, the full ceiling is the reason.
 #[test]
 fn a_new_key_without_room_is_shed_for_too_many_keys_while_the_ceiling_is_full() {
     let keyed = KeyedBulkhead::new(
@@ -674,6 +675,23 @@ fn a_new_key_without_room_is_shed_for_too_many_keys_while_the_ceiling_is_full() 
     assert!(keyed.ceiling().unwrap().is_saturated());
     assert_eq!(reason(keyed.try_acquire(&"b")), ShedReason::TooManyKeys);
     assert_eq!(reason(keyed.try_acquire(&"a")), ShedReason::LimitReached);
+    let status = keyed.status(0);
+    assert_eq!((status.refused_new_keys, status.evicted), (1, 0));
+
+    // An idle key and a full ceiling: new keys are refused, and the idle
+    // key stays.
+    let idle = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, LONG))
+            .ceiling(Config::new(1, LONG))
+            .max_keys(2),
+    );
+    drop(idle.try_acquire(&"idle".to_owned()).unwrap());
+    let _held = idle.try_acquire(&"busy".to_owned()).unwrap();
+    for new in 0..100 {
+        let new = format!("new-{new}");
+        assert_eq!(reason(idle.try_acquire(&new)), ShedReason::TooManyKeys);
+    }
+    assert_eq!(idle.status(0).evicted, 0);
 
     let roomy = KeyedBulkhead::new(
         KeyedConfig::new(Config::new(1, LONG))

@@ -317,11 +317,16 @@ fn keys_moving_from_shard_to_shard_leave_no_map_capacity_behind() {
          {after} after every shard's ({grown} more, {} a key of max_keys)",
         grown / MAX_KEYS as isize
     );
+    // Room for `max_keys` kept in every shard would be a map entry and a
+    // ring entry a key in each of them: hundreds of bytes a key of
+    // `max_keys`. What the shards keep for good is their least maps:
+    // tens of bytes a key. (Judged by bytes a key, not a share of the
+    // whole: the keys' own bulkheads are small, so a share moves with them.)
     assert!(
-        grown < full / 50,
-        "the same {MAX_KEYS} keys held take {grown} bytes more ({}%) once keys have \
-         passed through each of {shards} shards",
-        grown * 100 / full
+        grown < MAX_KEYS as isize * 128,
+        "the same {MAX_KEYS} keys held take {grown} bytes more ({} a key of max_keys) once \
+         keys have passed through each of {shards} shards",
+        grown / MAX_KEYS as isize
     );
 }
 

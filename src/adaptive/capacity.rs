@@ -134,7 +134,9 @@ const ROOM: f64 = 1.15;
 /// by a quarter.
 const NO_QUEUE: f64 = 1.05;
 /// Windows between probes that find nothing new, at first and at most.
-const PROBE_GAPS: (u64, u64) = (30, 100);
+/// (The longest is shorter than the history, so that the last probe's
+/// windows are still in it when the next comes.)
+const PROBE_GAPS: (u64, u64) = (30, 95);
 
 /// The latencies a window keeps: more add little.
 const MAX_KEPT: usize = 128;
@@ -208,17 +210,13 @@ impl Capacity {
         // Calls of under a microsecond are measured as none.
         let baseline = baseline.max(Duration::from_micros(1));
         let slowdown = latency.as_secs_f64() / baseline.as_secs_f64();
-        if slowdown > QUEUEING {
+        // Only a window that reached the limit can say the limit is too
+        // high: under it, a slow window is the dependency's own noise.
+        let reached = peak.saturating_mul(10) >= limit.saturating_mul(9);
+        if slowdown > QUEUEING && reached {
             // The capacity this window measured, with the headroom.
             let throughput = served as f64 / elapsed.as_secs_f64().max(1e-9);
             let target = (throughput * baseline.as_secs_f64() * HEADROOM).ceil() as usize;
-            if target >= limit {
-                // The queue is the headroom's own, rounded up to whole
-                // calls (a limit of a few slots): hold, but probe on time.
-                self.cut_at = None;
-                self.futile_cuts = 0;
-                return self.probe_if_due(limit, latency).unwrap_or(limit);
-            }
             let no_faster = self
                 .cut_at
                 .is_some_and(|before| latency.as_secs_f64() >= 0.95 * before.as_secs_f64());
@@ -236,7 +234,7 @@ impl Capacity {
                 return limit;
             }
             self.cut_at = Some(latency);
-            return target.max(limit / 2);
+            return target.clamp(limit / 2, limit);
         }
         self.futile_cuts = 0;
         self.cut_at = None;
@@ -248,7 +246,6 @@ impl Capacity {
         // Nor in the window after a probe: its calls were admitted under
         // the probe's lower limit, and did not queue.
         let after_probe = std::mem::take(&mut self.after_probe);
-        let reached = peak.saturating_mul(10) >= limit.saturating_mul(9);
         if !reached || slowdown > ROOM || !self.started_up || after_probe {
             return limit;
         }

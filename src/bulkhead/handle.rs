@@ -573,17 +573,14 @@ impl Bulkhead {
         self.shared.clock.now() >= tick.saturating_add(self.shared.slots.hold())
     }
 
-    /// Whether every slot held has passed its deadline: reclaims those
-    /// that have, and says whether any is held still. So a permit that was
-    /// leaked pins its key only until its slot could be reclaimed, however
-    /// often the key is called since.
+    /// Whether every slot held has passed its deadline (or none is held):
+    /// a permit that was leaked pins its key only until its slot could be
+    /// reclaimed, however often the key is called since. Frees nothing:
+    /// the key's eviction resets its bulkhead.
     pub(crate) fn holds_nothing_unexpired(&self) -> bool {
-        let slots = &self.shared.slots;
-        if slots.in_flight() == 0 {
-            return true;
-        }
-        slots.reclaim_expired(self.shared.clock.now());
-        slots.in_flight() == 0
+        self.shared
+            .slots
+            .holds_only_expired(self.shared.clock.now())
     }
 
     /// Whether this handle is the only one, with no clone and no permit

@@ -373,11 +373,13 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
     /// never waits.
     pub fn try_acquire(&self, key: &K) -> Result<KeyedPermit, ServiceSaturated> {
         // A full ceiling sheds before the key's slot is taken: under
-        // overload, the cheapest refusal. Unless the key is new and there
-        // is no room for it: then whether it is shed for too many keys is
-        // what the call is told.
+        // overload, the cheapest refusal. A new key with no room for it is
+        // told so, and evicts no idle key for a call the ceiling refuses.
         if let Some(ceiling) = &self.inner.ceiling {
-            if ceiling.is_saturated() && !self.inner.keys.is_full_without(key) {
+            if ceiling.is_saturated() {
+                if self.inner.keys.refuses_new(key) {
+                    return Err(self.too_many_keys());
+                }
                 return Err(ceiling.shed_now(ShedReason::LimitReached));
             }
         }
@@ -421,8 +423,10 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             .ceiling
             .as_ref()
             .is_some_and(Bulkhead::is_saturated)
-            && !self.inner.keys.is_full_without(key)
         {
+            if self.inner.keys.refuses_new(key) {
+                return Start::Shed(self.too_many_keys());
+            }
             return Start::Wait(None);
         }
         // The key's slot is claimed under the map's lock and made a permit

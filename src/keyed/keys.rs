@@ -781,7 +781,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         // was leaked (or that outlived its hold), and would be reclaimed by
         // the next call. Else, if the slots held now are all past their
         // deadlines (a permit leaked long ago, the key in use since), the
-        // sweep frees them and the key is as idle.
+        // key is as idle: its eviction resets its bulkhead.
         let last_taken = entry
             .last_taken
             .load(Ordering::Relaxed)
@@ -803,9 +803,14 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     }
 
     /// Whether `key` is not held and `max_keys` keys are: a call of it
-    /// would have to evict one, or be shed for too many keys.
-    pub(crate) fn is_full_without(&self, key: &K) -> bool {
-        self.len() >= self.max_keys && self.get(key, |_| ()).is_none()
+    /// would have to evict one, or be shed for too many keys. If so, it is
+    /// counted as a new key refused: the caller refuses it.
+    pub(crate) fn refuses_new(&self, key: &K) -> bool {
+        let refused = self.len() >= self.max_keys && self.get(key, |_| ()).is_none();
+        if refused {
+            self.refusals.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        refused
     }
 
     /// Keys of `template` alone, with no function per key.

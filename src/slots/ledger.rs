@@ -166,6 +166,14 @@ impl Ledger {
         !self.scan(now, hold, |_, _| false)
     }
 
+    /// Whether no entry is held past `now`: every claim held has passed its
+    /// deadline. Reads only; frees nothing.
+    pub(super) fn holds_only_expired(&self, now: u64) -> bool {
+        self.entries
+            .iter()
+            .all(|entry| deadline(entry.load(Ordering::SeqCst)) <= now)
+    }
+
     /// If a sweep is due, hands each entry past its deadline at `now` to
     /// `expired`, under the sweep's lock, until it returns `false`. A scan
     /// that goes through moves the sweep's date on to the earliest deadline

@@ -183,6 +183,12 @@ impl SlotTable {
         lock(&self.weighted).remove(&(index, word)).unwrap_or(1)
     }
 
+    /// Whether every claim held has passed its deadline at `now` (or none
+    /// is held), without freeing any.
+    pub(crate) fn holds_only_expired(&self, now: u64) -> bool {
+        self.in_flight() == 0 || self.ledger.holds_only_expired(now)
+    }
+
     /// Whether a sweep is due: some claim may have passed its deadline.
     #[cfg(test)]
     pub(crate) fn sweep_due(&self, now: u64) -> bool {
