@@ -278,9 +278,10 @@ impl Capacity {
     /// A window of `probe` ended: the limit stays down for its windows,
     /// which add their latencies to the history, then goes back to where
     /// it was, for the rules to move on from the next window. A probe that
-    /// found a lower baseline is followed by another soon (at start, a
-    /// quarter deeper: the limit may have begun well over capacity); one
-    /// that found nothing waits twice as long for the next, up to 10 s.
+    /// found latency falling with the limit is followed by another soon (at
+    /// start, a quarter deeper: the limit may have begun well over
+    /// capacity); one that found nothing lower waits twice as long for the
+    /// next, up to 10 s.
     fn go_on_probing(&mut self, probe: Probe, limit: usize) -> usize {
         if probe.windows_left > 1 {
             self.probing = Some(Probe {
@@ -311,7 +312,7 @@ impl Capacity {
         } else {
             1
         };
-        self.next_probe = self.windows + if found_lower { 5 } else { self.probe_gap };
+        self.next_probe = self.windows + if still_queued { 5 } else { self.probe_gap };
         self.after_probe = true;
         probe.restore.max(limit)
     }
