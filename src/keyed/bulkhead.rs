@@ -373,13 +373,10 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
     /// never waits.
     pub fn try_acquire(&self, key: &K) -> Result<KeyedPermit, ServiceSaturated> {
         // A full ceiling sheds before the key's slot is taken: under
-        // overload, the cheapest refusal. A new key with no room for it is
-        // told so, and evicts no idle key for a call the ceiling refuses.
+        // overload, the cheapest refusal (and no idle key is evicted for a
+        // new key the ceiling would refuse).
         if let Some(ceiling) = &self.inner.ceiling {
             if ceiling.is_saturated() {
-                if self.inner.keys.refuses_new(key) {
-                    return Err(self.too_many_keys());
-                }
                 return Err(ceiling.shed_now(ShedReason::LimitReached));
             }
         }
@@ -424,9 +421,6 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             .as_ref()
             .is_some_and(Bulkhead::is_saturated)
         {
-            if self.inner.keys.refuses_new(key) {
-                return Start::Shed(self.too_many_keys());
-            }
             return Start::Wait(None);
         }
         // The key's slot is claimed under the map's lock and made a permit

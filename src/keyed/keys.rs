@@ -802,17 +802,6 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         self.held.load(Ordering::Relaxed)
     }
 
-    /// Whether `key` is not held and `max_keys` keys are: a call of it
-    /// would have to evict one, or be shed for too many keys. If so, it is
-    /// counted as a new key refused: the caller refuses it.
-    pub(crate) fn refuses_new(&self, key: &K) -> bool {
-        let refused = self.len() >= self.max_keys && self.get(key, |_| ()).is_none();
-        if refused {
-            self.refusals.refused.fetch_add(1, Ordering::Relaxed);
-        }
-        refused
-    }
-
     /// Keys of `template` alone, with no function per key.
     #[cfg(test)]
     pub(crate) fn plain(template: Config, max_keys: usize, shards: usize) -> Self {
