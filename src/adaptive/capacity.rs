@@ -217,6 +217,14 @@ impl Capacity {
             // The capacity this window measured, with the headroom.
             let throughput = served as f64 / elapsed.as_secs_f64().max(1e-9);
             let target = (throughput * baseline.as_secs_f64() * HEADROOM).ceil() as usize;
+            if target >= limit {
+                // The capacity measured, rounded up to whole calls, is the
+                // limit: no cut, and so none that could be futile (counted
+                // so, two would take a queued latency for the baseline).
+                self.cut_at = None;
+                self.futile_cuts = 0;
+                return self.probe_if_due(limit, latency).unwrap_or(limit);
+            }
             let no_faster = self
                 .cut_at
                 .is_some_and(|before| latency.as_secs_f64() >= 0.95 * before.as_secs_f64());
@@ -351,6 +359,11 @@ impl Capacity {
 
 impl Algorithm for Capacity {
     fn update(&mut self, sample: &Sample, limit: usize) -> usize {
+        // A window starts again at a sample from before it (a clock that
+        // went back, or a window started at a time far in the future).
+        if self.started.is_some_and(|started| sample.now < started) {
+            self.started = Some(sample.now);
+        }
         let started = *self.started.get_or_insert(sample.now);
         if sample.dropped {
             self.drops += 1;

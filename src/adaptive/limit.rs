@@ -133,6 +133,11 @@ impl AdaptiveLimit {
         if is_timeout(error) {
             return Outcome::Dropped;
         }
+        // A shed by a bulkhead further in is no sign of this dependency's
+        // capacity, whatever the classifier would say of errors.
+        if error.is::<crate::ServiceSaturated>() {
+            return Outcome::Ignore;
+        }
         self.errors
             .as_ref()
             .map_or(Outcome::Ignore, |classify| classify(error))

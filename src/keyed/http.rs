@@ -188,11 +188,19 @@ where
         KeyedHttpFuture {
             kind: Kind::Waiting {
                 future: Box::pin(async move {
-                    let permit = match keyed.acquire_after(&key, held).await {
+                    let mut permit = match keyed.acquire_after(&key, held).await {
                         Ok(permit) => permit,
                         Err(shed) => return Ok(refusal(&shed).map(ResponseBody::refusal)),
                     };
-                    let response = ready.call(request).await?;
+                    permit.ignore_unless_recorded();
+                    let response = match ready.call(request).await {
+                        Ok(response) => response,
+                        Err(error) => {
+                            permit.record_error(&error);
+                            return Err(error);
+                        }
+                    };
+                    permit.record(crate::http::outcome_of(&response));
                     Ok(response.map(|body| ResponseBody::streaming(body, keyed_in_flight(permit))))
                 }),
             },

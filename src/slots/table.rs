@@ -186,7 +186,7 @@ impl SlotTable {
     /// Whether every claim held has passed its deadline at `now` (or none
     /// is held), without freeing any.
     pub(crate) fn holds_only_expired(&self, now: u64) -> bool {
-        self.in_flight() == 0 || self.ledger.holds_only_expired(now)
+        self.in_flight() == 0 || (self.ledger.sweep_due(now) && self.ledger.holds_only_expired(now))
     }
 
     /// Whether a sweep is due: some claim may have passed its deadline.
