@@ -926,3 +926,24 @@ async fn a_keyed_call_that_waited_records_its_outcome() {
         .collect();
     assert_eq!(dropped, [true, true]);
 }
+
+/// Open-loop arrivals at twice the capacity, which halves for 10 s: the
+/// limit stays near the new capacity the whole time (a probe that a change
+/// fell in measures a queue; the one before it keeps the baseline).
+#[test]
+fn capacity_stays_near_a_halved_capacity_under_open_loop_load() {
+    let mut dependency = Dependency::new(10 * MS, 16);
+    dependency.capacity = vec![
+        (Duration::ZERO, 16),
+        (Duration::from_secs(10), 8),
+        (Duration::from_secs(20), 16),
+    ];
+    dependency.arrivals = Some(3_200.0);
+    let limits = dependency.run(&mut Capacity::default(), 20, Duration::from_secs(30));
+    let settled = settled_after(&limits, 100, 200, 8);
+    assert!(
+        settled.is_some_and(|at| at - 100 <= 10),
+        "{:?}",
+        &limits[100..200]
+    );
+}

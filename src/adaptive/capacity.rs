@@ -19,7 +19,7 @@ use std::time::Duration;
 ///   latencies but the fifth that came back first: calls that did no work
 ///   and came back at once drop out, where they drag the minimum Vegas
 ///   relies on; calls that queued count in full, as Little's law needs.
-/// - The *baseline* is the least window latency of the last 100 windows:
+/// - The *baseline* is the least window latency of the last 200 windows:
 ///   the latency without queueing.
 /// - A window over 1.35 times the baseline queues: the limit goes at once
 ///   to `1.2 × X × baseline`, the capacity the window just measured and a
@@ -28,7 +28,7 @@ use std::time::Duration;
 ///   slide: when capacity halves, the limit halves within a window or two,
 ///   where AIMD and Gradient2 take seconds and let the queue grow
 ///   meanwhile.
-/// - A window with the limit reached grows it: by a quarter while latency
+/// - A window with the limit reached grows it: by half while latency
 ///   stays within 1.05 times the baseline (capacity came back), by a tenth
 ///   within 1.15. Between 1.15 and 1.35 it holds, so there is no saw-tooth
 ///   around the point where queueing starts.
@@ -131,11 +131,12 @@ const QUEUEING: f64 = 1.35;
 /// tenth at a time.
 const ROOM: f64 = 1.15;
 /// A window within this times the baseline shows no queue at all: it grows
-/// by a quarter.
+/// by half.
 const NO_QUEUE: f64 = 1.05;
 /// Windows between probes that find nothing new, at first and at most.
-/// (The longest is shorter than the history, so that the last probe's
-/// windows are still in it when the next comes.)
+/// (The history holds two of the longest: a probe spoiled by a change of
+/// capacity that fell in it leaves the one before it in the history until
+/// the next.)
 const PROBE_GAPS: (u64, u64) = (30, 95);
 
 /// The latencies a window keeps: more add little.
@@ -151,7 +152,7 @@ impl Default for Capacity {
         Self {
             window: Duration::from_millis(100),
             min_samples: 10,
-            history: 100,
+            history: 200,
             next_probe: 5,
             probe_gap: PROBE_GAPS.0,
             probe_depth: 1,
@@ -175,7 +176,8 @@ impl Default for Capacity {
 
 impl Capacity {
     /// The shortest window of samples (100 ms unless set; at least 1 ms).
-    /// The baseline looks back over 100 windows, and probes come every 30.
+    /// The baseline looks back over 200 windows, and probes come every 30
+    /// to 95.
     pub fn window(mut self, window: Duration) -> Self {
         self.window = window.max(Duration::from_millis(1));
         self
@@ -260,7 +262,7 @@ impl Capacity {
         // No queue at all: capacity returned, and the limit may be far
         // under it; a queue starting: close to it.
         let step = if slowdown <= NO_QUEUE {
-            limit.div_ceil(4)
+            limit.div_ceil(2)
         } else {
             limit.div_ceil(10)
         };
