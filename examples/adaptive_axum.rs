@@ -28,7 +28,7 @@ use axum::serve::ListenerExt;
 use axum::Router;
 use bytes::Bytes;
 use http::{StatusCode, Uri};
-use http_body_util::{BodyExt, Empty};
+use http_body_util::Empty;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use std::fmt::Write as _;
@@ -40,6 +40,21 @@ use tokio::sync::Semaphore;
 use tower_inflight::adaptive::Adaptive;
 use tower_inflight::http::HttpConcurrencyLayer;
 use tower_inflight::{Bulkhead, Config};
+
+// The demos' shared pieces: a seeded generator, a counter held while alive,
+// and a request sent and read to its end. (This one serves on a port of its
+// own and builds its client with `nodelay`: the rest goes unused.)
+#[allow(dead_code)]
+#[path = "shared/demo.rs"]
+mod demo;
+use demo::{sent, Counted, HttpClient, Rng, Status};
+
+/// A GET of `uri`, with no body.
+fn get_request(uri: Uri) -> http::Request<Empty<Bytes>> {
+    http::Request::get(uri)
+        .body(Empty::new())
+        .expect("a GET of a valid URI")
+}
 
 const HELP: &str = "\
 adaptive_axum: an adaptive limit on a real axum server, whose dependency's
@@ -244,45 +259,6 @@ impl Options {
     }
 }
 
-// ---- Randomness -------------------------------------------------------------
-
-/// SplitMix64: small and seeded, so that a run can be repeated.
-#[derive(Debug)]
-struct Rng(u64);
-
-impl Rng {
-    /// Uniform in `[0, 1)`.
-    fn unit(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// The wait until the next arrival of a Poisson process of `rate`.
-    fn exponential(&mut self, rate: f64) -> Duration {
-        Duration::from_secs_f64(-(1.0 - self.unit()).ln() / rate)
-    }
-}
-
-/// Counts while alive; a handler dropped (its client went away) counts down
-/// too.
-struct Counted<'a>(&'a AtomicUsize);
-
-impl<'a> Counted<'a> {
-    fn new(counter: &'a AtomicUsize) -> Self {
-        counter.fetch_add(1, Ordering::SeqCst);
-        Counted(counter)
-    }
-}
-
-impl Drop for Counted<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 // ---- The dependency ---------------------------------------------------------
 
 /// C workers: a call takes a permit of a semaphore (tokio's is fair: its
@@ -315,7 +291,7 @@ impl Dependency {
             owed: AtomicUsize::new(0),
             working: AtomicUsize::new(0),
             queued: AtomicUsize::new(0),
-            rng: Mutex::new(Rng(options.seed.wrapping_mul(31).wrapping_add(7))),
+            rng: Mutex::new(Rng::new(options.seed.wrapping_mul(31).wrapping_add(7))),
         }
     }
 
@@ -341,14 +317,15 @@ impl Dependency {
     /// One call, from its arrival at the dependency to its answer.
     async fn serve(&self) {
         let took = {
-            let spread = (2.0 * self.rng.lock().unwrap().unit() - 1.0) * self.jitter.as_secs_f64();
+            let spread =
+                (2.0 * self.rng.lock().unwrap().next_unit() - 1.0) * self.jitter.as_secs_f64();
             Duration::from_secs_f64(self.base.as_secs_f64() + spread)
         };
         let permit = {
-            let _queued = Counted::new(&self.queued);
+            let (_queued, _) = Counted::new(&self.queued);
             self.workers.acquire().await.expect("never closed")
         };
-        let _working = Counted::new(&self.working);
+        let (_working, _) = Counted::new(&self.working);
         // Given back (or forgotten, while a cut is owed) however the call
         // ends, cancelled included.
         let _worker = Worker {
@@ -515,18 +492,6 @@ async fn watch(shared: Arc<Shared>, bulkhead: Bulkhead) -> Vec<(usize, usize)> {
 
 // ---- The built-in load generator --------------------------------------------
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Status {
-    /// 200, its body read to the end, within the client timeout.
-    Ok,
-    /// 503: shed by the bulkhead.
-    Shed,
-    /// No answer within the client timeout.
-    TimedOut,
-    /// A connection error, another status.
-    Failed,
-}
-
 #[derive(Clone, Copy, Debug)]
 struct Outcome {
     /// When it was due, from the start of the run.
@@ -534,23 +499,6 @@ struct Outcome {
     /// From when it was due to the end of its body.
     latency: Duration,
     status: Status,
-}
-
-type HttpClient = Client<HttpConnector, Empty<Bytes>>;
-
-async fn call(client: &HttpClient, uri: Uri) -> Status {
-    let Ok(response) = client.get(uri).await else {
-        return Status::Failed;
-    };
-    let status = response.status();
-    if response.into_body().collect().await.is_err() {
-        return Status::Failed;
-    }
-    match status {
-        StatusCode::OK => Status::Ok,
-        StatusCode::SERVICE_UNAVAILABLE => Status::Shed,
-        _ => Status::Failed,
-    }
 }
 
 /// Open loop: requests are due at Poisson instants, each sent on a task of
@@ -578,9 +526,9 @@ fn load_gen(addr: SocketAddr, shared: Arc<Shared>) -> Vec<Outcome> {
             let (outcomes, pending, options) = (outcomes.clone(), pending.clone(), options.clone());
             tokio::task::spawn_blocking(move || {
                 let handle = tokio::runtime::Handle::current();
-                let mut rng = Rng(options.seed);
+                let mut rng = Rng::new(options.seed);
                 let rate = options.arrival_rate();
-                let mut due = rng.exponential(rate);
+                let mut due = Duration::from_secs_f64(rng.exponential_gap(rate));
                 while due < options.total() {
                     let now = start.elapsed();
                     if due > now {
@@ -596,9 +544,10 @@ fn load_gen(addr: SocketAddr, shared: Arc<Shared>) -> Vec<Outcome> {
                     let timeout = options.timeout;
                     pending.fetch_add(1, Ordering::SeqCst);
                     handle.spawn(async move {
-                        let status = tokio::time::timeout_at(at + timeout, call(&client, uri))
-                            .await
-                            .unwrap_or(Status::TimedOut);
+                        let status =
+                            tokio::time::timeout_at(at + timeout, sent(&client, get_request(uri)))
+                                .await
+                                .unwrap_or(Status::TimedOut);
                         let outcome = Outcome {
                             due,
                             latency: at.elapsed(),
@@ -607,7 +556,7 @@ fn load_gen(addr: SocketAddr, shared: Arc<Shared>) -> Vec<Outcome> {
                         outcomes.lock().unwrap().push(outcome);
                         pending.fetch_sub(1, Ordering::SeqCst);
                     });
-                    due += rng.exponential(rate);
+                    due += Duration::from_secs_f64(rng.exponential_gap(rate));
                 }
             })
         };

@@ -63,6 +63,7 @@ pub(crate) async fn sent(client: &HttpClient, request: Request<Empty<Bytes>>) ->
 }
 
 /// SplitMix64: a small seeded generator, so runs are repeatable.
+#[derive(Debug)]
 pub(crate) struct Rng(u64);
 
 impl Rng {
