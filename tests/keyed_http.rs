@@ -101,7 +101,7 @@ async fn a_request_keyed_by_an_extension_waits_for_its_key_s_slot() {
     struct Tenant(&'static str);
     let layer = KeyedHttpConcurrencyLayer::new(
         KeyedConfig::new(Config::new(1, LONG).wait(Duration::from_secs(10))),
-        |head: &Parts| {
+        |head| {
             head.extensions
                 .get::<Tenant>()
                 .map_or("none", |tenant| tenant.0)

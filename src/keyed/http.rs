@@ -12,6 +12,7 @@ use crate::tower::take_ready;
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
+use http_body_util::Limited;
 use pin_project_lite::pin_project;
 use std::fmt;
 use std::future::Future;
@@ -37,7 +38,7 @@ use tower_service::Service;
 /// let tenants = KeyedHttpConcurrencyLayer::new(
 ///     KeyedConfig::new(Config::new(8, Duration::from_secs(30)).wait(Duration::from_millis(20)))
 ///         .ceiling(Config::new(64, Duration::from_secs(30)).wait(Duration::from_millis(20))),
-///     |head: &http::request::Parts| {
+///     |head| {
 ///         head.headers
 ///             .get("x-tenant")
 ///             .and_then(|tenant| tenant.to_str().ok())
@@ -53,7 +54,7 @@ pub struct KeyedHttpConcurrencyLayer<K, F> {
     key_of: F,
 }
 
-impl<K: Hash + Eq + Clone, F> KeyedHttpConcurrencyLayer<K, F> {
+impl<K: Hash + Eq + Clone, F: Fn(&Parts) -> K> KeyedHttpConcurrencyLayer<K, F> {
     /// A layer with a new keyed bulkhead built from `config`.
     ///
     /// # Panics
@@ -117,6 +118,11 @@ impl<S, K, F: Clone> Layer<S> for KeyedHttpConcurrencyLayer<K, F> {
 /// `503 Service Unavailable` with `Retry-After` (the configuration's
 /// `retry_after`, in whole seconds). Its slots are held until the response
 /// body has been produced to its end, or dropped.
+///
+/// The inner service sees the request body wrapped in
+/// [`http_body_util::Limited`], as behind
+/// [`HttpConcurrency`](crate::http::HttpConcurrency), so that one inner
+/// service takes either layer; no limit is set on it here.
 pub struct KeyedHttpConcurrency<S, K, F> {
     inner: S,
     keyed: KeyedBulkhead<K>,
@@ -156,7 +162,7 @@ impl<S: fmt::Debug, K, F> fmt::Debug for KeyedHttpConcurrency<S, K, F> {
 
 impl<S, K, F, ReqBody, ResBody> Service<Request<ReqBody>> for KeyedHttpConcurrency<S, K, F>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S: Service<Request<Limited<ReqBody>>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send,
     S::Error: Send,
     K: Hash + Eq + Clone + Send + Sync + 'static,
@@ -175,7 +181,10 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let (parts, body) = request.into_parts();
         let key = (self.key_of)(&parts);
-        let request = Request::from_parts(parts, body);
+        // The body type `HttpConcurrency` hands on, so that an inner
+        // service takes either layer; a keyed bulkhead reserves no bytes,
+        // so it is not limited.
+        let request = Request::from_parts(parts, Limited::new(body, usize::MAX));
         let held = match self.keyed.start(&key) {
             Start::Admitted(permit) => {
                 return KeyedHttpFuture::called(self.inner.call(request), permit)
