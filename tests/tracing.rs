@@ -139,3 +139,38 @@ fn the_saturation_signal_going_up_is_a_warning() {
         warnings[0].1
     );
 }
+
+#[test]
+fn an_adaptive_limit_that_moves_is_a_debug_event_with_both_limits() {
+    use tower_inflight::adaptive::{Adaptive, Algorithm, Sample};
+
+    /// Asks for a limit of 3 whatever it is told.
+    #[derive(Clone, Debug)]
+    struct Three;
+    impl Algorithm for Three {
+        fn update(&mut self, _: &Sample, _: usize) -> usize {
+            3
+        }
+    }
+
+    let recorder = Recorder::default();
+    let bulkhead = Bulkhead::new(
+        Config::new(10, Duration::from_secs(30))
+            .name("db")
+            .adaptive(Adaptive::new(Three).initial(8)),
+    );
+    tracing::subscriber::with_default(recorder.clone(), || {
+        // The first call's end is a sample: the limit moves from 8 to 3.
+        drop(bulkhead.try_acquire().unwrap());
+        // The next asks for 3 again: no move, no event.
+        drop(bulkhead.try_acquire().unwrap());
+    });
+    assert_eq!(bulkhead.limit(), 3);
+    let events = recorder.0.lock().unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let (level, fields) = &events[0];
+    assert_eq!(*level, Level::DEBUG);
+    for expected in ["service=db", "from=8", "to=3"] {
+        assert!(fields.contains(expected), "{expected} not in {fields}");
+    }
+}
