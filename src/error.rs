@@ -36,6 +36,8 @@ pub struct ServiceSaturated {
     limit: usize,
     reason: ShedReason,
     retry_after: Duration,
+    /// A key's own bulkhead refused it (see [`is_per_key`](Self::is_per_key)).
+    per_key: bool,
 }
 
 /// Why a bulkhead shed a call.
@@ -193,7 +195,18 @@ impl ServiceSaturated {
             limit,
             reason,
             retry_after,
+            per_key: false,
         }
+    }
+
+    /// The same refusal, made by a key's own bulkhead: named `name` if that
+    /// bulkhead has no name of its own.
+    pub(crate) fn by_key(mut self, name: Option<&Arc<str>>) -> Self {
+        self.per_key = true;
+        if self.name.is_none() {
+            self.name = name.cloned();
+        }
+        self
     }
 
     /// The name of the bulkhead that shed the call, if it was given one.
@@ -204,6 +217,33 @@ impl ServiceSaturated {
     /// The bulkhead's limit: how many calls it lets run at once.
     pub fn limit(&self) -> usize {
         self.limit
+    }
+
+    /// Whether a key's own limit refused the call, rather than the ceiling
+    /// of a keyed bulkhead (or a plain bulkhead). Its [`name`](Self::name)
+    /// is the per-key configuration's, or the ceiling's if that has none,
+    /// and its [`limit`](Self::limit) the key's.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig};
+    /// use tower_inflight::Config;
+    ///
+    /// let tenants = KeyedBulkhead::new(
+    ///     KeyedConfig::new(Config::new(1, Duration::from_secs(30)))
+    ///         .ceiling(Config::new(8, Duration::from_secs(30)).name("tenants")),
+    /// );
+    /// let _held = tenants.try_acquire(&"acme").unwrap();
+    /// let shed = tenants.try_acquire(&"acme").unwrap_err();
+    /// assert!(shed.is_per_key());
+    /// assert_eq!(shed.limit(), 1);
+    /// assert_eq!(
+    ///     shed.to_string(),
+    ///     "bulkhead `tenants` saturated (limit 1 per key): all slots in use"
+    /// );
+    /// ```
+    pub fn is_per_key(&self) -> bool {
+        self.per_key
     }
 
     /// Why the call was shed.
@@ -235,7 +275,8 @@ impl fmt::Display for ServiceSaturated {
             Some(name) => write!(f, "bulkhead `{name}` saturated")?,
             None => f.write_str("bulkhead saturated")?,
         }
-        write!(f, " (limit {}): {}", self.limit, self.reason)
+        let per_key = if self.per_key { " per key" } else { "" };
+        write!(f, " (limit {}{per_key}): {}", self.limit, self.reason)
     }
 }
 

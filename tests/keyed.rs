@@ -70,6 +70,41 @@ fn a_call_takes_its_key_s_slot_and_the_ceiling_s_both_or_neither() {
 }
 
 #[test]
+fn a_key_s_own_shed_says_so_and_the_ceiling_s_does_not() {
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, Duration::from_secs(30)))
+            .ceiling(Config::new(2, Duration::from_secs(30)).name("tenants")),
+    );
+    let _a = keyed.try_acquire(&"a").unwrap();
+    let by_key = keyed.try_acquire(&"a").unwrap_err();
+    assert!(by_key.is_per_key());
+    assert_eq!(by_key.limit(), 1);
+    // The per-key configuration has no name: the ceiling's names it.
+    assert_eq!(by_key.name(), Some("tenants"));
+    assert!(by_key.to_string().contains("limit 1 per key"), "{by_key}");
+
+    let _b = keyed.try_acquire(&"b").unwrap();
+    let by_ceiling = keyed.try_acquire(&"c").unwrap_err();
+    assert!(!by_ceiling.is_per_key());
+    assert_eq!(by_ceiling.limit(), 2);
+    assert!(!by_ceiling.to_string().contains("per key"), "{by_ceiling}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_key_s_wait_that_runs_out_is_the_key_s_shed() {
+    let wait = Duration::from_millis(10);
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, Duration::from_secs(30)).wait(wait).name("per-tenant"))
+            .ceiling(Config::new(8, Duration::from_secs(30)).wait(wait).name("tenants")),
+    );
+    let _a = keyed.try_acquire(&"a").unwrap();
+    let shed = keyed.acquire(&"a").await.unwrap_err();
+    assert_eq!(shed.reason(), ShedReason::WaitExpired);
+    assert!(shed.is_per_key());
+    assert_eq!(shed.name(), Some("per-tenant"));
+}
+
+#[test]
 fn a_limit_per_key_is_held_in_range() {
     let keyed = KeyedBulkhead::new(
         KeyedConfig::new(Config::new(2, LONG)).limit_per_key(|key: &u32| *key as usize),

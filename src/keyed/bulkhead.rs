@@ -487,7 +487,9 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
                     .ok_or_else(|| self.too_many_keys())?;
                 // Granted, not yet admitted: the key counts the call once
                 // the ceiling's slot is held too.
-                let granted = granted(std::pin::pin!(bulkhead.acquire())).await?;
+                let granted = granted(std::pin::pin!(bulkhead.acquire()))
+                    .await
+                    .map_err(|shed| self.by_key(shed))?;
                 HeldKey {
                     granted,
                     bulkhead,
@@ -496,8 +498,10 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             }
         };
         let Some(ceiling) = &self.inner.ceiling else {
-            held.granted.renew()?;
-            return Ok(KeyedPermit::alone(held.admit()?));
+            held.granted.renew().map_err(|shed| self.by_key(shed))?;
+            return Ok(KeyedPermit::alone(
+                held.admit().map_err(|shed| self.by_key(shed))?,
+            ));
         };
         // The ceiling's slot outlives the caller's turn, so that a caller
         // who gives up (or is shed below) leaves its place in turn before a
@@ -516,12 +520,16 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             // meanwhile, and its call then claims a fresh one, or is shed by
             // that bulkhead. Served only then: a caller shed here gives its
             // turn back.
-            renewed = held.granted.renew().and_then(|()| ceiling_slot.renew());
+            renewed = held
+                .granted
+                .renew()
+                .map_err(|shed| self.by_key(shed))
+                .and_then(|()| ceiling_slot.renew());
             in_line.as_mut().project().waiting.served = renewed.is_ok();
         }
         renewed?;
         Ok(KeyedPermit::with_ceiling(
-            held.admit()?,
+            held.admit().map_err(|shed| self.by_key(shed))?,
             ceiling_slot.into_renewed_permit(0)?,
         ))
     }
@@ -535,21 +543,28 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         self.inner
             .keys
             .get(key, |entry| entry.bulkhead.clone())
-            .map(|bulkhead| bulkhead.shed_now(reason))
+            .map(|bulkhead| self.by_key(bulkhead.shed_now(reason)))
             // Evicted meanwhile: its bulkhead is gone, and so is its record.
             .unwrap_or_else(|| self.unrecorded(reason))
+    }
+
+    /// `shed`, made by a key's own bulkhead: marked so, and named after
+    /// the ceiling if the per-key configuration has no name.
+    fn by_key(&self, shed: ServiceSaturated) -> ServiceSaturated {
+        let ceiling = self.inner.ceiling.as_ref();
+        shed.by_key(ceiling.and_then(|ceiling| ceiling.config().name.as_ref()))
     }
 
     /// A refusal for `reason` that no bulkhead records, named as the
     /// per-key configuration names its keys.
     fn unrecorded(&self, reason: ShedReason) -> ServiceSaturated {
         let per_key = &self.inner.per_key;
-        ServiceSaturated::new(
+        self.by_key(ServiceSaturated::new(
             per_key.name.clone(),
             per_key.limit,
             reason,
             per_key.retry_after,
-        )
+        ))
     }
 
     #[cold]
