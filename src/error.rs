@@ -261,6 +261,8 @@ impl ServiceSaturated {
     /// Except for [`ShedReason::InvalidWeight`], which no retry can cure: a
     /// classifier asked for a weight the bulkhead cannot give, a server bug,
     /// so `500 Internal Server Error`.
+    #[cfg(feature = "http")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
     pub fn http_status(&self) -> http::StatusCode {
         match self.reason {
             ShedReason::InvalidWeight => http::StatusCode::INTERNAL_SERVER_ERROR,
@@ -298,6 +300,7 @@ mod tests {
             shed.to_string(),
             "bulkhead `payments` saturated (limit 25): too many callers already waiting"
         );
+        #[cfg(feature = "http")]
         assert_eq!(shed.http_status(), http::StatusCode::SERVICE_UNAVAILABLE);
     }
 }

@@ -102,7 +102,7 @@
 //!
 //! | feature | what it adds |
 //! | --- | --- |
-//! | `http` | `http::HttpConcurrencyLayer`: `503` with `Retry-After`, slots held until the response body ends, a byte budget reserved before the request body is read |
+//! | `http` | `http::HttpConcurrencyLayer`: `503` with `Retry-After`, slots held until the response body ends, a byte budget reserved before the request body is read; `ServiceSaturated::http_status` (without it the crate does not depend on `http`) |
 //! | `axum` | `IntoResponse` for [`ServiceSaturated`] (implies `http`) |
 //! | `metrics` | `tower_inflight_*` counters, gauges and histograms through the `metrics` facade |
 //! | `tracing` | a debug event per rejection; a warning per reclaimed slot, per invalid weight, and when the saturation signal goes up |

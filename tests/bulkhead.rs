@@ -61,6 +61,7 @@ fn try_acquire_over_the_limit_sheds_with_limit_reached_name_and_limit() {
     assert_eq!(shed.reason(), ShedReason::LimitReached);
     assert_eq!(shed.name(), Some("payments"));
     assert_eq!(shed.limit(), 2);
+    #[cfg(feature = "http")]
     assert_eq!(shed.http_status().as_u16(), 503);
     assert_eq!(shed.retry_after(), Duration::from_secs(7));
     let shown = shed.to_string();

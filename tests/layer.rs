@@ -93,6 +93,7 @@ async fn over_the_limit_the_inner_service_is_not_called_and_the_call_fails_at_on
     assert_eq!(shed.reason(), ShedReason::LimitReached);
     assert_eq!(shed.name(), Some("payments"));
     assert_eq!(shed.limit(), 2);
+    #[cfg(feature = "http")]
     assert_eq!(shed.http_status().as_u16(), 503);
     assert!(error.is::<ServiceSaturated>());
     assert_eq!(bulkhead.in_flight(), 2, "a shed call holds no slot");

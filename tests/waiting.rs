@@ -243,6 +243,7 @@ async fn past_max_waiting_a_caller_is_shed_at_once_with_too_many_waiting() {
     assert_eq!(refused.reason(), ShedReason::TooManyWaiting);
     assert_eq!(refused.name(), Some("db"));
     assert_eq!(refused.limit(), 1);
+    #[cfg(feature = "http")]
     assert_eq!(refused.http_status().as_u16(), 503);
     assert_eq!(bulkhead.waiting(), 2, "the refused caller did not park");
     assert_eq!(bulkhead.in_flight(), 1);
