@@ -98,6 +98,13 @@
 //! from a minute to a day); [`Config::on_event`] sees every [`Event`]; the
 //! `metrics` and `tracing` features report through those facades.
 //!
+//! # Guides
+//!
+//! How it is built and why, what it promises and what checks each promise,
+//! HTTP, scheduling, adaptive limits, per-key bulkheads, the fleet ceiling,
+//! observability and the figures: the modules of [`guide`](guide/index.html)
+//! (on docs.rs; `docs/` in the repository).
+//!
 //! # Features
 //!
 //! | feature | what it adds |
@@ -146,33 +153,36 @@ pub use tower::{
 };
 pub use wait::{Comparator, QueueOrder, WaitingCall};
 
-/// The README and the pages under `docs/`, compiled and run as doc tests so
-/// that the code they show stays true.
-#[cfg(all(doctest, feature = "axum", feature = "redis"))]
-mod doc_pages {
-    #[doc = include_str!("../README.md")]
-    struct Readme;
+/// The guides: the pages under `docs/` in the repository, here so that
+/// they can be read beside the API (and their code is run as doc tests).
+#[cfg(any(docsrs, all(doctest, feature = "axum", feature = "redis")))]
+pub mod guide {
     #[doc = include_str!("../docs/design.md")]
-    struct Design;
-    #[doc = include_str!("../docs/http.md")]
-    struct Http;
-    #[doc = include_str!("../docs/scheduling.md")]
-    struct Scheduling;
-    #[doc = include_str!("../docs/adaptive.md")]
-    struct Adaptive;
-    #[doc = include_str!("../docs/observability.md")]
-    struct Observability;
+    pub mod design {}
     #[doc = include_str!("../docs/guarantees.md")]
-    struct Guarantees;
-    #[doc = include_str!("../docs/performance.md")]
-    struct Performance;
-    #[doc = include_str!("../docs/overload.md")]
-    struct Overload;
-    #[doc = include_str!("../docs/cluster.md")]
-    struct Cluster;
+    pub mod guarantees {}
+    #[doc = include_str!("../docs/http.md")]
+    pub mod http {}
+    #[doc = include_str!("../docs/scheduling.md")]
+    pub mod scheduling {}
+    #[doc = include_str!("../docs/adaptive.md")]
+    pub mod adaptive {}
     #[doc = include_str!("../docs/tenants.md")]
-    struct Tenants;
+    pub mod tenants {}
+    #[doc = include_str!("../docs/cluster.md")]
+    pub mod cluster {}
+    #[doc = include_str!("../docs/observability.md")]
+    pub mod observability {}
+    #[doc = include_str!("../docs/overload.md")]
+    pub mod overload {}
+    #[doc = include_str!("../docs/performance.md")]
+    pub mod performance {}
 }
+
+/// The README, its code compiled and run as doc tests.
+#[cfg(all(doctest, feature = "axum", feature = "redis"))]
+#[doc = include_str!("../README.md")]
+struct Readme;
 
 /// The error type of [`Concurrency`]: the inner service's error, or
 /// [`ServiceSaturated`], boxed.
