@@ -124,6 +124,9 @@ impl Config {
     /// classifier) or from
     /// [`Bulkhead::acquire_with_priority`](crate::Bulkhead::acquire_with_priority):
     /// the lower, the sooner.
+    ///
+    /// A keyed bulkhead's ceiling takes none of its own: its line takes
+    /// turns across keys, and one set there is refused at construction.
     pub fn queue_order(mut self, order: QueueOrder) -> Self {
         self.queue_order = order;
         self

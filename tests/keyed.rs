@@ -292,6 +292,20 @@ fn bad_configuration_is_refused_naming_the_field() {
         refused(KeyedConfig::new(Config::new(1, LONG)).max_keys(0)),
         "max_keys"
     );
+    // The ceiling's line takes turns across keys: an order of its own
+    // would be overridden.
+    assert_eq!(
+        refused(
+            KeyedConfig::new(Config::new(1, LONG))
+                .ceiling(Config::new(2, LONG).queue_order(tower_inflight::QueueOrder::Lifo))
+        ),
+        "ceiling.queue_order"
+    );
+    assert!(KeyedBulkhead::<u32>::try_new(
+        KeyedConfig::new(Config::new(1, LONG).queue_order(tower_inflight::QueueOrder::Lifo))
+            .ceiling(Config::new(2, LONG))
+    )
+    .is_ok());
     // A caller holds its key's slot while it waits for the ceiling's: a
     // wait that outlasts the key's `reclaim_after` would see the slot
     // reclaimed from under it, and the key run past its limit.

@@ -62,8 +62,9 @@ impl<K> KeyedConfig<K> {
 
     /// A ceiling for all keys together: a call takes its key's slot and one
     /// of the ceiling's, both or neither. Its line is ordered in turns
-    /// across keys (its `queue_order` is set to
-    /// [`PriorityFifo`](crate::QueueOrder::PriorityFifo) for that).
+    /// across keys (its `queue_order` is the keyed bulkhead's own, and one
+    /// set on `ceiling` is refused at construction, naming
+    /// `ceiling.queue_order`).
     ///
     /// In the ceiling's metrics, its callers waiting are counted by
     /// priority as `-1` (a key below its share) and `0` (in turn).
@@ -204,6 +205,16 @@ impl<K> KeyedConfig<K> {
         }
         if let Some(ceiling) = &self.ceiling {
             ceiling.validate().map_err(ConfigError::of_ceiling)?;
+            // The ceiling's line is ordered in turns across keys; an order
+            // of its own would be overridden without a word.
+            if !matches!(ceiling.queue_order, crate::QueueOrder::Fifo) {
+                return Err(ConfigError::new(
+                    "ceiling.queue_order",
+                    "is the keyed bulkhead's own: its callers take turns across keys (leave it \
+                     unset; order a key's own callers with the per-key queue_order)"
+                        .into(),
+                ));
+            }
             // A caller keeps its key's slot while it waits for the
             // ceiling's: the wait must end before the slot could be
             // reclaimed from under it.
