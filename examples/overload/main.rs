@@ -1,6 +1,7 @@
 //! The overload demo: one real axum server on 127.0.0.1, its handler standing
-//! in for a dependency, served behind each limiter in turn and offered an
-//! open-loop load from 25 % to 400 % of its capacity.
+//! in for a dependency that serves `--limit` calls at once (the rest wait in
+//! its line), served behind each limiter in turn and offered an open-loop
+//! load from 25 % to 400 % of its capacity.
 //!
 //! ```text
 //! cargo run --release --example overload --features axum                      # the grid, a few minutes
@@ -10,10 +11,10 @@
 //! cargo run --release --example overload --features axum -- --help            # every option, every file
 //! ```
 //!
-//! Options: `--service-ms N` (20), `--limit N` (8), `--seconds S` (4 per load),
-//! `--seed N` (1), `--out DIR` (target/overload).
+//! Options: `--service-ms N` (20), `--limit N` (8), `--deadline-ms N` (500),
+//! `--seconds S` (4 per load), `--seed N` (1), `--out DIR` (target/overload).
 //!
-//! It prints one row per limiter and load and a legend of the columns, writes
+//! It prints a legend of the columns and one row per limiter and load, writes
 //! the rows as CSV, draws SVG plots beside them, and lists the files written.
 //! A `--quick` run writes the same names prefixed `quick-`, so that it never
 //! overwrites a full run's files.
@@ -41,6 +42,8 @@ struct Options {
     arrivals: Arrivals,
     service_time: Duration,
     limit: usize,
+    /// A call answered later than this is not goodput.
+    deadline: Duration,
     seconds: f64,
     seed: u64,
     out: PathBuf,
@@ -56,6 +59,7 @@ fn options() -> Options {
         arrivals: Arrivals::Poisson,
         service_time: Duration::from_millis(20),
         limit: 8,
+        deadline: Duration::from_millis(500),
         seconds: 4.0,
         seed: 1,
         out: PathBuf::from("target/overload"),
@@ -86,6 +90,7 @@ fn options() -> Options {
             },
             "--service-ms" => options.service_time = Duration::from_millis(number(&value())),
             "--limit" => options.limit = number(&value()) as usize,
+            "--deadline-ms" => options.deadline = Duration::from_millis(number(&value())),
             "--seconds" => {
                 options.seconds = value()
                     .parse()
@@ -116,8 +121,9 @@ fn number(text: &str) -> u64 {
 const USAGE: &str = "\
 usage: overload [OPTIONS]
 
-Serves one axum handler (a stand-in dependency) behind each limiter in turn, each
-in a process of its own, and offers it an open-loop load from 25 % to 400 % of capacity.
+Serves one axum handler (a stand-in dependency that serves --limit calls at once,
+the rest waiting in its line) behind each limiter in turn, each in a process of
+its own, and offers it an open-loop load from 25 % to 400 % of capacity.
 
 options [default]:
   --quick                    a reduced run, for CI: loads 50 % to 400 %, at most 1.5 s
@@ -127,7 +133,9 @@ options [default]:
                              the dependency slows to 2 s a call a third of the way in [grid]
   --arrivals poisson|paced   exponential gaps between arrivals, or even ones [poisson]
   --service-ms N             the handler's service time, in milliseconds [20]
-  --limit N                  every limiter's limit, in calls in flight [8]
+  --limit N                  the dependency's capacity and every limiter's limit,
+                             in calls in flight [8]
+  --deadline-ms N            a call answered later is not goodput [500]
   --seconds S                seconds of load per row of the grid [4]
   --seed N                   the seed of the arrival schedule [1]
   --out DIR                  where the files go [target/overload]
@@ -175,23 +183,28 @@ async fn main() {
         return;
     }
     println!(
-        "limit {}, service time {:?} (measured {:.2} ms): capacity {:.0} calls/s; {} arrivals, seed {}",
+        "the dependency serves {} calls at once, the rest in line, {:?} each (measured {:.2} ms):",
         options.limit,
         options.service_time,
         measured.as_secs_f64() * 1e3,
+    );
+    println!(
+        "capacity {:.0} calls/s; every limiter's limit {}; deadline {:?}; {} arrivals, seed {}",
         capacity,
+        options.limit,
+        options.deadline,
         options.arrivals.name(),
         options.seed
     );
     println!("each limiter runs in a process of its own, so that its peak memory is its own");
     let written = if options.degrade {
-        run_children(DEGRADE_VARIANTS.len(), measured);
         print_degrade_legend();
+        run_children(DEGRADE_VARIANTS.len(), measured);
         write_degrade(&options)
     } else {
+        print_legend(&options);
         print_header();
         run_children(Variant::ALL.len(), measured);
-        print_legend();
         let written = write_grid(&options);
         per_connection_trap(&options, capacity).await;
         written
@@ -301,7 +314,11 @@ fn print_header() {
 }
 
 /// What each column of the grid's table means, under the table's own names.
-fn print_legend() {
+fn print_legend(options: &Options) {
+    let goodput = format!(
+        "calls answered within the deadline ({} ms), in % of the capacity: their",
+        options.deadline.as_millis()
+    );
     let columns = [
         (
             "limiter",
@@ -323,9 +340,14 @@ fn print_legend() {
             "shed",
             "% of requests not served: refused with 503, or failed",
         ),
+        ("goodput", goodput.as_str()),
         (
-            "goodput",
-            "successful calls per second over the measured capacity, in %",
+            "",
+            "count times the dependency's mean time a call, over limit x the time until",
+        ),
+        (
+            "",
+            "the last was served: the share of its capacity that gave timely answers",
         ),
         ("p50", "median latency of the successful calls"),
         ("p99", "p99 latency of the successful calls"),
@@ -336,8 +358,9 @@ fn print_legend() {
         ),
         (
             "peak inside",
-            "the most calls inside the handler (the stand-in dependency) at once",
+            "the most calls inside the handler (the stand-in dependency) at once,",
         ),
+        ("", "served or in its line"),
         (
             "peak MiB",
             "the process's peak resident memory at that load, the load generator's included",
@@ -367,7 +390,7 @@ fn print_degrade_legend() {
         ),
         (
             "inside",
-            "calls inside the handler (the stand-in dependency) at that instant",
+            "calls inside the handler (the stand-in dependency, served or in its line)",
         ),
         (
             "in process",
@@ -397,7 +420,7 @@ async fn grid(options: &Options, variant: Variant, measured: Duration, capacity:
     };
     let seconds = Duration::from_secs_f64(options.seconds);
     let client = demo::client();
-    let dependency = Dependency::new(options.service_time);
+    let dependency = Dependency::new(options.service_time, options.limit);
     let app = variant.app(options.limit, options.service_time, dependency.clone());
     let (addr, _server) = server::serve(app).await;
     let mut csv = String::new();
@@ -405,6 +428,7 @@ async fn grid(options: &Options, variant: Variant, measured: Duration, capacity:
         let mut rng = Rng::new(options.seed.wrapping_add(i as u64));
         let rate = capacity * load;
         dependency.take_peak();
+        dependency.take_work();
         stats::reset_peak_memory();
         let outcomes = load::offer(
             &client,
@@ -421,7 +445,6 @@ async fn grid(options: &Options, variant: Variant, measured: Duration, capacity:
             variant,
             load,
             seconds,
-            capacity,
             measured,
             &outcomes,
             &dependency,
@@ -439,7 +462,6 @@ fn row(
     variant: Variant,
     load: f64,
     seconds: Duration,
-    capacity: f64,
     measured: Duration,
     outcomes: &[Outcome],
     dependency: &Dependency,
@@ -452,6 +474,17 @@ fn row(
         .map(Outcome::finished)
         .fold(seconds.as_secs_f64(), f64::max);
     let achieved = ok as f64 / served_in;
+    // Goodput: the calls answered in time, times what each cost the
+    // dependency, over all it could give in that time. The dependency serves
+    // at most `limit` calls at once, so this is at most 100 %, and it counts
+    // its own mean time a call rather than the measured one (timers round).
+    let (_, mean_call) = dependency.take_work();
+    let in_time = outcomes
+        .iter()
+        .filter(|o| o.status == Status::Ok && o.latency <= options.deadline)
+        .count();
+    let goodput =
+        100.0 * in_time as f64 * mean_call.as_secs_f64() / (options.limit as f64 * served_in);
     let mut ok_latencies = stats::latencies(outcomes, Status::Ok);
     let mut shed_latencies: Vec<Duration> = outcomes
         .iter()
@@ -485,7 +518,7 @@ fn row(
         offered,
         achieved,
         shed: 100.0 * (outcomes.len() - ok) as f64 / outcomes.len().max(1) as f64,
-        goodput: 100.0 * achieved / capacity,
+        goodput,
         p50: stats::quantile(&mut ok_latencies, 0.50),
         p99: stats::quantile(&mut ok_latencies, 0.99),
         max: stats::quantile(&mut ok_latencies, 1.0),
@@ -644,7 +677,7 @@ async fn per_connection_trap(options: &Options, capacity: f64) {
         "\nthe same layer value applied per connection (a hand-rolled accept loop), 400 % load:"
     );
     for ours in [false, true] {
-        let dependency = Dependency::new(options.service_time);
+        let dependency = Dependency::new(options.service_time, options.limit);
         let app = Variant::NoLimit.app(options.limit, options.service_time, dependency.clone());
         let (addr, server) = if ours {
             server::serve_layered_per_connection(server::ours_per_connection(options.limit), app)
@@ -689,7 +722,7 @@ async fn degrade(options: &Options, variant: Variant, capacity: f64) {
     let slow_at = total / 3.0;
     let slow = Duration::from_secs(2);
     let client = demo::client();
-    let dependency = Dependency::new(options.service_time);
+    let dependency = Dependency::new(options.service_time, options.limit);
     let app = variant.app(options.limit, options.service_time, dependency.clone());
     let (addr, _server) = server::serve(app).await;
     stats::reset_peak_memory();

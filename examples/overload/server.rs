@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
 use tower::limit::{ConcurrencyLimitLayer, GlobalConcurrencyLimitLayer};
 use tower::load_shed::LoadShedLayer;
 use tower::{BoxError, Layer, ServiceBuilder};
@@ -23,20 +25,37 @@ use tower_inflight::http::HttpConcurrencyLayer;
 use tower_inflight::{ConcurrencyLayer, Config};
 use tower_resilience_bulkhead::{BulkheadLayer, BulkheadServiceError};
 
-/// What the handler stands in for: a dependency taking `service_us` a call.
-#[derive(Debug, Default)]
+/// What the handler stands in for: a dependency that serves `capacity` calls
+/// at once, `service_us` each; the calls beyond that wait in its line (FIFO),
+/// as at a connection pool or a thread pool, so that a pile-up slows every
+/// call behind it.
+#[derive(Debug)]
 pub(crate) struct Dependency {
     service_us: AtomicU64,
-    /// Calls inside the handler now, and the most seen at once.
+    workers: Semaphore,
+    /// Calls inside the handler now (served or in the line), and the most
+    /// seen at once.
     pub(crate) inside: AtomicUsize,
     pub(crate) peak_inside: AtomicUsize,
     /// Requests anywhere in the server now: inside, or parked in a limiter.
     pub(crate) in_process: AtomicUsize,
+    /// Calls served to their end since the last `take_work`, and the time
+    /// they held a worker, in microseconds.
+    served: AtomicU64,
+    busy_us: AtomicU64,
 }
 
 impl Dependency {
-    pub(crate) fn new(service_time: Duration) -> Arc<Self> {
-        let dependency = Arc::new(Self::default());
+    pub(crate) fn new(service_time: Duration, capacity: usize) -> Arc<Self> {
+        let dependency = Arc::new(Self {
+            service_us: AtomicU64::new(0),
+            workers: Semaphore::new(capacity),
+            inside: AtomicUsize::new(0),
+            peak_inside: AtomicUsize::new(0),
+            in_process: AtomicUsize::new(0),
+            served: AtomicU64::new(0),
+            busy_us: AtomicU64::new(0),
+        });
         dependency.set_service_time(service_time);
         dependency
     }
@@ -50,13 +69,25 @@ impl Dependency {
         self.peak_inside
             .swap(self.inside.load(Ordering::SeqCst), Ordering::SeqCst)
     }
+
+    /// The calls served since the last call, and their mean time on a worker.
+    pub(crate) fn take_work(&self) -> (u64, Duration) {
+        let served = self.served.swap(0, Ordering::SeqCst);
+        let busy_us = self.busy_us.swap(0, Ordering::SeqCst);
+        (served, Duration::from_micros(busy_us / served.max(1)))
+    }
 }
 
 async fn handler(State(dependency): State<Arc<Dependency>>) -> &'static str {
     let (_inside, now) = Counted::new(&dependency.inside);
     dependency.peak_inside.fetch_max(now, Ordering::SeqCst);
+    let _worker = dependency.workers.acquire().await.expect("never closed");
+    let started = Instant::now();
     let service_time = Duration::from_micros(dependency.service_us.load(Ordering::SeqCst));
     tokio::time::sleep(service_time).await;
+    let busy = started.elapsed().as_micros() as u64;
+    dependency.busy_us.fetch_add(busy, Ordering::SeqCst);
+    dependency.served.fetch_add(1, Ordering::SeqCst);
     "ok"
 }
 
