@@ -56,13 +56,16 @@ impl InFlight {
 
 /// What a response says of the dependency: 503, 429 and the other 5xx are
 /// drops, anything else was served; a bulkhead's own refusal (a layer
-/// further in) says nothing.
+/// further in) says nothing, nor does a 408: a request that did not arrive
+/// in time (a slow upload cut by a body timeout), whose latency is the
+/// client's.
 pub(crate) fn outcome_of<B>(response: &http::Response<B>) -> Outcome {
     let status = response.status();
-    if response
-        .extensions()
-        .get::<super::response::Shed>()
-        .is_some()
+    if status == http::StatusCode::REQUEST_TIMEOUT
+        || response
+            .extensions()
+            .get::<super::response::Shed>()
+            .is_some()
     {
         Outcome::Ignore
     } else if status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS {
