@@ -94,8 +94,16 @@ fn a_key_s_own_shed_says_so_and_the_ceiling_s_does_not() {
 async fn a_key_s_wait_that_runs_out_is_the_key_s_shed() {
     let wait = Duration::from_millis(10);
     let keyed = KeyedBulkhead::new(
-        KeyedConfig::new(Config::new(1, Duration::from_secs(30)).wait(wait).name("per-tenant"))
-            .ceiling(Config::new(8, Duration::from_secs(30)).wait(wait).name("tenants")),
+        KeyedConfig::new(
+            Config::new(1, Duration::from_secs(30))
+                .wait(wait)
+                .name("per-tenant"),
+        )
+        .ceiling(
+            Config::new(8, Duration::from_secs(30))
+                .wait(wait)
+                .name("tenants"),
+        ),
     );
     let _a = keyed.try_acquire(&"a").unwrap();
     let shed = keyed.acquire(&"a").await.unwrap_err();

@@ -363,8 +363,8 @@ impl Algorithm for Capacity {
         // A probe measures the calls admitted under its lower limit: one
         // that started before the probe's window queued under the limit
         // before it, and tells nothing of the latency without a queue.
-        let queued_before_probe = self.probing.is_some()
-            && sample.now.saturating_sub(sample.latency) < started;
+        let queued_before_probe =
+            self.probing.is_some() && sample.now.saturating_sub(sample.latency) < started;
         if sample.dropped {
             self.drops += 1;
         } else if queued_before_probe {
