@@ -116,6 +116,7 @@
 
 pub mod adaptive;
 mod bulkhead;
+pub mod ceiling;
 mod config;
 mod error;
 #[cfg(feature = "http")]

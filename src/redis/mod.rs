@@ -76,5 +76,4 @@ mod script;
 mod status;
 
 pub use ceiling::{ClusterCeiling, WhenUnreachable};
-pub(crate) use cluster::{Cluster, Lease, Leased};
 pub use status::ClusterStatus;
