@@ -208,7 +208,8 @@ impl Config {
     /// A ceiling on calls in flight shared with other bulkheads, on top of
     /// this one's own `limit` (see [`ceiling`](crate::ceiling)): a call
     /// takes its local slots first, then a lease, both or neither. Every
-    /// bulkhead built from this configuration asks `ceiling`.
+    /// bulkhead built from this configuration asks `ceiling`. A
+    /// configuration has one ceiling: this replaces any given before.
     pub fn ceiling(mut self, ceiling: impl Ceiling) -> Self {
         self.ceiling = Some(Arc::new(Given(ceiling)));
         self

@@ -21,7 +21,7 @@ pub(crate) struct Leases {
     /// The leases of the claims that hold one, by claim (its entry and the
     /// word it wrote, unique among claims): a permit carries no lease of
     /// its own, so that without a ceiling it is no larger. Each goes back
-    /// with its claim.
+    /// with its claim, which is marked as holding one.
     held: Mutex<HashMap<(usize, u64), HeldLease>>,
     /// Wakes the callers asking for a lease when the bulkhead is closed or
     /// its waiting callers cancelled.
@@ -49,13 +49,14 @@ impl Leases {
             .map_err(|refused| refused.reason())
     }
 
-    /// `claim`'s permit holds `lease`, until the claim goes back.
-    pub(crate) fn hold(&self, claim: &Claim, lease: HeldLease) {
-        self.lock().insert(key(claim), lease);
+    /// `claim`'s permit holds `lease`, until the claim goes back: the
+    /// claim to make it with, which says so.
+    pub(crate) fn hold(&self, claim: Claim, lease: HeldLease) -> Claim {
+        self.lock().insert(key(&claim), lease);
+        claim.holding_more()
     }
 
-    /// Gives back `claim`'s lease, if it holds one.
-    #[cold]
+    /// Gives back `claim`'s lease.
     pub(crate) fn give_back(&self, claim: &Claim) {
         // Dropped out of the lock: giving it back is the ceiling's code.
         let lease = self.lock().remove(&key(claim));

@@ -149,33 +149,28 @@ impl Shared {
     #[inline(always)]
     pub(crate) fn claim_weighted_or_shed(&self, weight: usize) -> Result<Claim, ServiceSaturated> {
         let now = self.clock.now();
-        if let Some(leases) = &self.leases {
-            return self.claim_without_round_trip(leases, now, weight);
-        }
-        self.try_claim_weighted(weight, now)
-            .map_err(|reason| self.saturated_at(reason, now))
-    }
-
-    /// For a bulkhead with a ceiling, a claim of `weight` slots by a caller
-    /// that may not wait for a round trip: its local slots, then the
-    /// ceiling's answer without one; both or neither.
-    #[cold]
-    fn claim_without_round_trip(
-        &self,
-        leases: &Leases,
-        now: u64,
-        weight: usize,
-    ) -> Result<Claim, ServiceSaturated> {
         let claim = self
             .try_claim_weighted(weight, now)
             .map_err(|reason| self.saturated_at(reason, now))?;
+        match &self.leases {
+            None => Ok(claim),
+            Some(leases) => self.lease_without_round_trip(leases, claim, now),
+        }
+    }
+
+    /// For a bulkhead with a ceiling, the lease of a caller that holds its
+    /// local slots and may not wait for a round trip: the ceiling's answer
+    /// without one; both or neither.
+    #[cold]
+    fn lease_without_round_trip(
+        &self,
+        leases: &Leases,
+        claim: Claim,
+        now: u64,
+    ) -> Result<Claim, ServiceSaturated> {
         match leases.try_acquire() {
-            Ok(lease) => {
-                if let Some(lease) = lease {
-                    leases.hold(&claim, lease);
-                }
-                Ok(claim)
-            }
+            Ok(Some(lease)) => Ok(leases.hold(claim, lease)),
+            Ok(None) => Ok(claim),
             Err(reason) => {
                 self.give_back_unused(&claim);
                 Err(self.saturated_at(reason, now))
@@ -189,10 +184,21 @@ impl Shared {
     }
 
     /// `claim`, about to be made a permit, holds `lease` until it goes
-    /// back.
-    pub(crate) fn hold_lease(&self, claim: &Claim, lease: HeldLease) {
+    /// back: the claim to make it with.
+    pub(crate) fn hold_lease(&self, claim: Claim, lease: HeldLease) -> Claim {
+        match &self.leases {
+            Some(leases) => leases.hold(claim, lease),
+            None => claim,
+        }
+    }
+
+    /// Gives back the lease `claim` holds: before its slots, so that a
+    /// local caller handed them asks for its own lease after this one is
+    /// given back.
+    #[cold]
+    fn give_back_lease(&self, claim: &Claim) {
         if let Some(leases) = &self.leases {
-            leases.hold(claim, lease);
+            leases.give_back(claim);
         }
     }
 
@@ -361,10 +367,8 @@ impl Shared {
     /// whether it still held it: false if a reclaim or a reset freed it.
     #[inline(always)]
     pub(crate) fn release_permit(&self, claim: &Claim) -> bool {
-        // The lease first: a local caller handed the slots asks for its own
-        // lease next, after this one is given back.
-        if let Some(leases) = &self.leases {
-            leases.give_back(claim);
+        if claim.holds_more() {
+            self.give_back_lease(claim);
         }
         let released = self.slots.release(claim) > 0;
         if released {
@@ -461,9 +465,8 @@ impl Shared {
     /// as admitted. If a reclaim or a reset freed its slots meanwhile, they
     /// were given back then, and this frees nothing.
     pub(crate) fn give_back_unused(&self, claim: &Claim) {
-        // The lease first, as for a permit.
-        if let Some(leases) = &self.leases {
-            leases.give_back(claim);
+        if claim.holds_more() {
+            self.give_back_lease(claim);
         }
         self.slots.release(claim);
         self.waiters.after_release(&self.slots, &self.clock);

@@ -11,7 +11,8 @@ impl Config {
     /// A ceiling on calls in flight across every replica, kept in Redis, on
     /// top of this bulkhead's own `limit` (feature `redis`; see
     /// [`redis`](crate::redis)). A call takes a local slot first, then a
-    /// lease: both or neither.
+    /// lease: both or neither. It is the configuration's
+    /// [`ceiling`](Config::ceiling), replacing any given before.
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub fn cluster_ceiling(mut self, ceiling: ClusterCeiling) -> Self {
         self.ceiling = Some(Arc::new(ceiling));

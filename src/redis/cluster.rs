@@ -62,10 +62,11 @@ pub(super) struct Counts {
 /// gives back to the same place: a lease in Redis, or a place under the
 /// fallback limit.
 pub(super) enum Lease {
-    /// A lease, by token, taken to last until `lasts_until`.
+    /// A lease, by token, asked for at `asked`, taken to last `lasts`.
     Redis {
         token: String,
-        lasts_until: Instant,
+        asked: Instant,
+        lasts: Duration,
         outbox: Arc<Outbox>,
     },
     /// A place under `WhenUnreachable::LocalLimit`, by id.
@@ -343,7 +344,8 @@ impl Cluster {
         }
         Lease::Redis {
             token,
-            lasts_until: asked + self.lasts,
+            asked,
+            lasts: self.lasts,
             outbox: self.outbox.clone(),
         }
     }
@@ -402,7 +404,7 @@ impl Ceiling for Cluster {
 /// status of its own, and places under `LocalLimit` that a reset forgets.
 impl Admit for Cluster {
     fn acquire(self: Arc<Self>, deadline: Option<Instant>) -> Asking {
-        Box::pin(async move { held(self.lease(deadline).await) })
+        Box::pin(async move { held(Ceiling::acquire(&*self, deadline).await) })
     }
 
     fn try_acquire(&self) -> Leased {
@@ -428,7 +430,7 @@ fn held(answer: Answer) -> Leased {
 impl ceiling::Lease for Lease {
     fn lapsed(&self) -> bool {
         match self {
-            Lease::Redis { lasts_until, .. } => Instant::now() >= *lasts_until,
+            Lease::Redis { asked, lasts, .. } => asked.elapsed() >= *lasts,
             // Taken back after `reclaim_after`, as its local slot is.
             Lease::Fallback { id, places } => !places.holds(*id),
         }
