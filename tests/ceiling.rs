@@ -297,10 +297,9 @@ async fn a_layer_takes_the_lease_in_poll_ready_and_sheds_on_a_lapsed_one() {
     assert_eq!((ceiling.held(), bulkhead.in_flight()), (0, 0));
 }
 
+/// A lease is kept beside its claim, not in the permit.
+#[cfg(target_pointer_width = "64")]
 #[test]
 fn a_permit_is_no_larger_for_a_ceiling() {
-    assert_eq!(
-        std::mem::size_of::<tower_inflight::Permit>(),
-        5 * std::mem::size_of::<usize>()
-    );
+    assert_eq!(std::mem::size_of::<tower_inflight::Permit>(), 40);
 }

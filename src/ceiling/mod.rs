@@ -27,12 +27,15 @@
 //! asking, mid-ask, by dropping their futures; and a lease granted to a
 //! service polled ready is checked with [`Lease::lapsed`] before its call.
 //! What to do while the store is away is the ceiling's own policy: admit
-//! anyway (a `None` lease), or refuse with [`Refused::Unavailable`].
+//! anyway (with `Option<L>` as its lease, `Ok(None)`), or refuse with
+//! [`Refused::Unavailable`].
 //!
 //! The layers take the slots and the lease in `poll_ready` (an ask may be a
 //! round trip, which `call` cannot wait for); the calls that may never wait
 //! ([`Bulkhead::try_acquire`](crate::Bulkhead::try_acquire) and its kin) get
-//! [`Ceiling::try_acquire`]'s answer.
+//! [`Ceiling::try_acquire`]'s answer. A keyed bulkhead takes the lease
+//! with its ceiling's slot: give the ceiling to the keyed ceiling's
+//! configuration (a per-key configuration with one is refused).
 //!
 //! # A ceiling of your own
 //!
