@@ -1,6 +1,7 @@
 //! A bulkhead's configuration and its validation.
 
 use crate::bulkhead::{max_reclaim_after, ManualClock};
+use crate::ceiling::{Ceiling, Given, Install};
 use crate::observe::{Event, Hook};
 use crate::slots::{MAX_BYTES, MAX_SLOTS};
 use crate::wait::{CodelSettings, QueueOrder, Thresholds};
@@ -42,8 +43,7 @@ pub struct Config {
     pub(crate) queue_order: QueueOrder,
     pub(crate) codel: Option<CodelSettings>,
     pub(crate) adaptive: Option<crate::adaptive::Adaptive>,
-    #[cfg(feature = "redis")]
-    pub(crate) cluster: Option<crate::redis::ClusterCeiling>,
+    pub(crate) ceiling: Option<Arc<dyn Install>>,
 }
 
 impl Config {
@@ -71,8 +71,7 @@ impl Config {
             queue_order: QueueOrder::Fifo,
             codel: None,
             adaptive: None,
-            #[cfg(feature = "redis")]
-            cluster: None,
+            ceiling: None,
         }
     }
 
@@ -209,14 +208,13 @@ impl Config {
         self
     }
 
-    /// A ceiling on calls in flight across every replica, kept in Redis, on
-    /// top of this bulkhead's own `limit` (feature `redis`; see
-    /// [`redis`](crate::redis)). A call takes a local slot first, then a
-    /// lease: both or neither.
-    #[cfg(feature = "redis")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-    pub fn cluster_ceiling(mut self, ceiling: crate::redis::ClusterCeiling) -> Self {
-        self.cluster = Some(ceiling);
+    /// A ceiling on calls in flight shared with other bulkheads, on top of
+    /// this one's own `limit` (see [`ceiling`](crate::ceiling)): a call
+    /// takes its local slots first, then a lease, both or neither. Every
+    /// bulkhead built from this configuration asks `ceiling`. A
+    /// configuration has one ceiling: this replaces any given before.
+    pub fn ceiling(mut self, ceiling: impl Ceiling) -> Self {
+        self.ceiling = Some(Arc::new(Given(ceiling)));
         self
     }
 
@@ -300,9 +298,8 @@ impl Config {
                 "must be at least 1; to shed at once instead of waiting, leave `wait` unset".into(),
             ));
         }
-        #[cfg(feature = "redis")]
-        if let Some(ceiling) = &self.cluster {
-            ceiling.validate(self.reclaim_after)?;
+        if let Some(ceiling) = &self.ceiling {
+            ceiling.validate(self)?;
         }
         if let Some(thresholds) = self.saturation_signal {
             if !(thresholds.expired_ratio > 0.0 && thresholds.expired_ratio <= 1.0) {

@@ -70,14 +70,17 @@ pub enum ShedReason {
     /// The call asked for a weight of 0 slots, or more than the bulkhead
     /// has: it could never run ([`Ticket::weight`](crate::Ticket::weight)).
     InvalidWeight,
-    /// A local slot was free, but the cluster ceiling was full: every
-    /// replica together held its limit of leases (and the `wait` budget, if
-    /// any, ran out asking). The local slot was given back. Feature `redis`:
+    /// A local slot was free, but the ceiling shared with other bulkheads
+    /// was full: every replica together held its limit of leases (and the
+    /// `wait` budget, if any, ran out asking). The local slot was given
+    /// back. See [`ceiling`](crate::ceiling), and on Redis,
     /// [`ClusterCeiling`](crate::redis::ClusterCeiling).
     ClusterLimit,
-    /// The cluster ceiling's Redis could not be reached (or the call may not
-    /// wait for a round trip, as `try_acquire` may not), and
-    /// [`WhenUnreachable`](crate::redis::WhenUnreachable) says to shed.
+    /// The ceiling's store could not be reached (or the call may not wait
+    /// for a round trip, as `try_acquire` may not), and the ceiling's
+    /// policy says to shed (on Redis,
+    /// [`WhenUnreachable`](crate::redis::WhenUnreachable)). The local slot
+    /// was given back.
     ClusterUnavailable,
     /// The call's key is new, and its [`KeyedBulkhead`](crate::keyed::KeyedBulkhead)
     /// holds `max_keys` keys already, none of them idle: nothing was

@@ -123,6 +123,7 @@
 
 pub mod adaptive;
 mod bulkhead;
+pub mod ceiling;
 mod config;
 mod error;
 #[cfg(feature = "http")]

@@ -22,7 +22,7 @@ pin_project! {
         ticket: Ticket,
         // Bytes of the byte budget the permit takes beside its slots.
         bytes: u64,
-        // When the caller arrived, if its bulkhead has a cluster ceiling:
+        // When the caller arrived, if its bulkhead has a ceiling:
         // a lease may be asked for until its `wait` budget is spent.
         arrived: Option<tokio::time::Instant>,
         // A place in line that its owner may move (see `MovablePlace`), in
@@ -38,8 +38,7 @@ pin_project! {
     enum State {
         Arriving,
         Parked { place: Place, #[pin] budget: Sleep },
-        // Holding its local slots, asking for a lease under the cluster
-        // ceiling.
+        // Holding its local slots, asking for a lease under the ceiling.
         Leasing { granted: Option<Granted>, leasing: Leasing },
         Done,
     }
@@ -117,7 +116,7 @@ impl Acquire {
                     let shared = &**this.shared;
                     // Read only when a lease may be asked for again within
                     // the budget: a clock read costs a shed 25 ns.
-                    if shared.has_cluster() && shared.config().wait.is_some() {
+                    if shared.has_ceiling() && shared.config().wait.is_some() {
                         *this.arrived = Some(tokio::time::Instant::now());
                     }
                     let now = shared.now();
@@ -256,7 +255,7 @@ impl Acquire {
                 StateProj::Done => panic!("`Acquire` polled after completion"),
             };
             // Its local slots granted, by whichever way: its lease next, if
-            // its bulkhead has a cluster ceiling.
+            // its bulkhead has a ceiling.
             if let Some(done) =
                 Self::then_lease(this.state.as_mut(), this.shared, *this.arrived, granted)
             {
@@ -266,7 +265,7 @@ impl Acquire {
     }
 
     /// A caller has its local slots: it asks for its lease under the
-    /// cluster ceiling next (`None`: poll on), or, without a ceiling, it is
+    /// ceiling next (`None`: poll on), or, without a ceiling, it is
     /// done with them.
     fn then_lease(
         mut state: Pin<&mut State>,

@@ -379,7 +379,7 @@ impl Bulkhead {
         rollups.turn(now - 1, totals, in_flight);
         let windows = rollups.windows(now - 1, totals, |ticks| shared.clock.duration(ticks));
         let [last_minute, last_5_minutes, last_15_minutes, last_hour, last_day] = windows;
-        Status {
+        let mut status = Status {
             name: self.name().map(str::to_owned),
             limit: self.limit(),
             max_limit: shared.config.limit,
@@ -397,15 +397,18 @@ impl Bulkhead {
                 .is_some_and(|codel| codel.is_cutting(shared.waiters.parked())),
             bytes_reserved: self.bytes_reserved(),
             max_bytes: self.max_bytes(),
-            #[cfg(feature = "redis")]
-            cluster: shared.cluster().map(|cluster| cluster.status()),
             totals,
             last_minute,
             last_5_minutes,
             last_15_minutes,
             last_hour,
             last_day,
+            ..Status::unfilled()
+        };
+        if let Some(leases) = shared.leases() {
+            leases.ceiling().describe(&mut status);
         }
+        status
     }
 
     /// Refuses every new call from now on with [`ShedReason::Closed`](crate::ShedReason::Closed), and
@@ -502,9 +505,8 @@ impl Bulkhead {
     /// lost to killed callers when `reclaim_after` is long.
     pub fn reset(&self) {
         self.shared.slots.reset();
-        #[cfg(feature = "redis")]
-        if let Some(cluster) = self.shared.cluster() {
-            cluster.reset();
+        if let Some(leases) = self.shared.leases() {
+            leases.ceiling().reset();
         }
         self.shared.observer.reset();
         self.shared
@@ -514,10 +516,10 @@ impl Bulkhead {
 
     /// [`try_acquire`](Self::try_acquire) for a caller that waits next if
     /// it is refused (which then records what comes of the call): a
-    /// refusal is not recorded. With a cluster ceiling, whose lease needs a
+    /// refusal is not recorded. With a ceiling, whose lease may need a
     /// round trip, it refuses: the caller's wait asks for the lease.
     pub(crate) fn try_acquire_unrecorded(&self) -> Option<Permit> {
-        if self.shared.has_cluster() {
+        if self.shared.has_ceiling() {
             return None;
         }
         let claim = self.try_claim().ok()?;
@@ -528,11 +530,11 @@ impl Bulkhead {
     /// (nor its refusal recorded: see [`shed_now`](Self::shed_now)): made a
     /// permit by [`admit`](Self::admit) once the caller's other slots are
     /// held, or given back by [`give_back`](Self::give_back). Not for a
-    /// bulkhead with a cluster ceiling, whose refusals `claim_or_shed`
-    /// alone decides (keyed bulkheads refuse one per key).
+    /// bulkhead with a ceiling, whose leases `claim_or_shed` takes
+    /// (keyed bulkheads refuse one per key).
     #[inline(always)]
     pub(crate) fn try_claim(&self) -> Result<Claim, ShedReason> {
-        debug_assert!(!self.shared.has_cluster());
+        debug_assert!(!self.shared.has_ceiling());
         let now = self.shared.clock.now();
         self.shared.try_claim_weighted(1, now)
     }

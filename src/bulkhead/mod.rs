@@ -20,6 +20,6 @@ pub use handle::{Bulkhead, DrainTimedOut};
 pub use permit::{BorrowedPermit, ByteReservation, Permit};
 
 pub(crate) use clock::{max_reclaim_after, Clock};
-pub(crate) use leasing::{lapsed, HeldLease, Leasing};
+pub(crate) use leasing::{Leases, Leasing};
 pub(crate) use permit::Granted;
 pub(crate) use shared::{History, Shared, Started};

@@ -2,7 +2,8 @@
 //! given back when dropped.
 
 use crate::adaptive::Outcome;
-use crate::bulkhead::{lapsed, HeldLease, Shared, Started};
+use crate::bulkhead::{Shared, Started};
+use crate::ceiling::HeldLease;
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::slots::{Claim, Share};
 use crate::sync::{Arc, Ordering};
@@ -26,8 +27,6 @@ pub struct Permit {
     /// says if [`record`](Self::record) was not called. `None` without an
     /// adaptive limit, or once recorded.
     sample: Option<PendingSample>,
-    // Dropped after the local slot is let go (fields drop after `drop`).
-    lease: HeldLease,
 }
 
 /// A permit's sample for the adaptive limit, not yet recorded.
@@ -36,6 +35,11 @@ struct PendingSample(Started);
 
 // Every permit carries one, adaptive or not: kept to a word.
 const _: () = assert!(std::mem::size_of::<Option<PendingSample>>() == 8);
+
+// Its bulkhead, its claim, its bytes and its sample, ceiling or not: a
+// lease is held beside its claim, by the bulkhead (see `Leases`).
+#[cfg(all(target_pointer_width = "64", not(tower_inflight_loom)))]
+const _: () = assert!(std::mem::size_of::<Permit>() == 40);
 
 impl PendingSample {
     /// The permit was dropped with no outcome recorded, having `released`
@@ -165,7 +169,6 @@ impl Permit {
             claim,
             share,
             sample,
-            lease: HeldLease::default(),
         }
     }
 
@@ -301,8 +304,8 @@ impl Permit {
 pub(crate) struct Granted {
     shared: Arc<Shared>,
     claim: Option<Claim>,
-    /// Its lease under the cluster ceiling, once it has one.
-    lease: HeldLease,
+    /// Its lease under the ceiling, once it has one.
+    lease: Option<HeldLease>,
 }
 
 impl Granted {
@@ -312,12 +315,12 @@ impl Granted {
         Self {
             shared,
             claim: Some(claim),
-            lease: HeldLease::default(),
+            lease: None,
         }
     }
 
     /// The grant, holding `lease` beside its slots.
-    pub(crate) fn with_lease(mut self, lease: HeldLease) -> Self {
+    pub(crate) fn with_lease(mut self, lease: Option<HeldLease>) -> Self {
         self.lease = lease;
         self
     }
@@ -335,7 +338,7 @@ impl Granted {
         };
         let shared = &self.shared;
         let now = shared.now();
-        if lapsed(&self.lease) {
+        if self.lease.as_ref().is_some_and(|lease| lease.lapsed()) {
             self.claim = None;
             shared.give_back_unused(&claim);
             return Err(shared.saturated_at(ShedReason::ClusterLimit, now));
@@ -363,20 +366,21 @@ impl Granted {
     /// admitted now, with `bytes` of the budget beside its slots (or the
     /// slots given back and the call shed if the bytes do not fit).
     pub(crate) fn into_renewed_permit(mut self, bytes: u64) -> Result<Permit, ServiceSaturated> {
-        let Some(claim) = self.claim.take() else {
+        let Some(mut claim) = self.claim.take() else {
             unreachable!("a grant is made a permit once")
         };
-        Shared::permit(&self.shared, claim, bytes).map(|mut permit| {
-            permit.lease = std::mem::take(&mut self.lease);
-            permit
-        })
+        // Held beside the claim, and given back with it, however the
+        // permit's making ends.
+        if let Some(lease) = self.lease.take() {
+            claim = self.shared.hold_lease(claim, lease);
+        }
+        Shared::permit(&self.shared, claim, bytes)
     }
 }
 
 impl Drop for Granted {
     fn drop(&mut self) {
         // The lease first, as for a permit.
-        #[cfg(feature = "redis")]
         drop(self.lease.take());
         if let Some(claim) = self.claim.take() {
             self.shared.give_back_unused(&claim);
@@ -402,10 +406,6 @@ impl ByteReservation {
 impl Drop for Permit {
     #[inline(always)]
     fn drop(&mut self) {
-        // The lease first: a local caller handed the slot asks for its own
-        // lease next, which carries this one's release.
-        #[cfg(feature = "redis")]
-        drop(self.lease.take());
         let released = self.shared.let_go(&self.claim, self.share);
         // Read, not taken: the permit is gone after this.
         if let Some(pending) = self.sample {

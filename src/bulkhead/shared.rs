@@ -5,7 +5,8 @@
 
 use crate::adaptive::{AdaptiveLimit, Outcome, Sample};
 use crate::bulkhead::drain::DrainSignal;
-use crate::bulkhead::{Clock, Permit};
+use crate::bulkhead::{Clock, Leases, Permit};
+use crate::ceiling::HeldLease;
 use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::observe::{Observer, Rollups, Totals};
@@ -38,9 +39,9 @@ pub(crate) struct Shared {
     pub(super) drain: DrainSignal,
     /// The adaptive limit, if the configuration has one.
     adaptive: Option<AdaptiveLimit>,
-    /// The cluster ceiling's leases, if the configuration has one.
-    #[cfg(feature = "redis")]
-    cluster: Option<Arc<crate::redis::Cluster>>,
+    /// The ceiling, if the configuration has one, and its leases. Boxed:
+    /// a bulkhead without one pays a word.
+    leases: Option<Box<Leases>>,
     /// For a keyed bulkhead's key: its slots held by calls that hold a slot
     /// of the keyed bulkhead's ceiling too (see [`Permit::count_with_ceiling`]).
     pub(super) held_with_ceiling: AtomicUsize,
@@ -96,11 +97,7 @@ impl Shared {
             codel: config.codel.map(Codel::new),
             drain: DrainSignal::default(),
             adaptive,
-            #[cfg(feature = "redis")]
-            cluster: config
-                .cluster
-                .clone()
-                .map(|ceiling| Arc::new(crate::redis::Cluster::new(ceiling, &config))),
+            leases: Leases::new(&config).map(Box::new),
             held_with_ceiling: AtomicUsize::new(0),
             config,
         })
@@ -152,65 +149,79 @@ impl Shared {
     #[inline(always)]
     pub(crate) fn claim_weighted_or_shed(&self, weight: usize) -> Result<Claim, ServiceSaturated> {
         let now = self.clock.now();
-        #[cfg(feature = "redis")]
-        if let Some(cluster) = &self.cluster {
-            return self.claim_without_round_trip(cluster, now, weight);
+        let claim = self
+            .try_claim_weighted(weight, now)
+            .map_err(|reason| self.saturated_at(reason, now))?;
+        match &self.leases {
+            None => Ok(claim),
+            Some(leases) => self.lease_without_round_trip(leases, claim, now),
         }
-        self.try_claim_weighted(weight, now)
-            .map_err(|reason| self.saturated_at(reason, now))
     }
 
-    /// For a bulkhead with a cluster ceiling, a claim of `weight` slots by a
-    /// caller that may not wait for a round trip to Redis: it is answered as
-    /// if Redis were away, except that a place under a fallback limit needs
-    /// a permit that can give it back, so only `FailOpen` admits it.
-    #[cfg(feature = "redis")]
+    /// For a bulkhead with a ceiling, the lease of a caller that holds its
+    /// local slots and may not wait for a round trip: the ceiling's answer
+    /// without one; both or neither.
     #[cold]
-    fn claim_without_round_trip(
+    fn lease_without_round_trip(
         &self,
-        cluster: &crate::redis::Cluster,
+        leases: &Leases,
+        claim: Claim,
         now: u64,
-        weight: usize,
     ) -> Result<Claim, ServiceSaturated> {
-        cluster
-            .without_round_trip()
-            .and_then(|()| self.try_claim_weighted(weight, now))
-            .inspect(|_| cluster.admitted_without_lease())
-            .map_err(|reason| self.saturated_at(reason, now))
+        match leases.try_acquire() {
+            Ok(Some(lease)) => Ok(leases.hold(claim, lease)),
+            Ok(None) => Ok(claim),
+            Err(reason) => {
+                self.give_back_unused(&claim);
+                Err(self.saturated_at(reason, now))
+            }
+        }
     }
 
-    /// The cluster ceiling, if the configuration has one.
-    #[cfg(feature = "redis")]
-    pub(crate) fn cluster(&self) -> Option<&Arc<crate::redis::Cluster>> {
-        self.cluster.as_ref()
+    /// The ceiling and its leases, if the configuration has a ceiling.
+    pub(crate) fn leases(&self) -> Option<&Leases> {
+        self.leases.as_deref()
+    }
+
+    /// `claim`, about to be made a permit, holds `lease` until it goes
+    /// back: the claim to make it with.
+    pub(crate) fn hold_lease(&self, claim: Claim, lease: HeldLease) -> Claim {
+        match &self.leases {
+            Some(leases) => leases.hold(claim, lease),
+            None => claim,
+        }
+    }
+
+    /// Gives back the lease `claim` holds: before its slots, so that a
+    /// local caller handed them asks for its own lease after this one is
+    /// given back.
+    #[cold]
+    fn give_back_lease(&self, claim: &Claim) {
+        if let Some(leases) = &self.leases {
+            leases.give_back(claim);
+        }
     }
 
     /// Turns away the callers asking for a lease: the bulkhead was closed
     /// (recorded already), or its waiting callers `cancelled`.
     pub(crate) fn turn_away_leasing(&self, cancelled: bool) {
-        #[cfg(feature = "redis")]
-        if let Some(cluster) = &self.cluster {
-            cluster.turn_away(cancelled);
+        if let Some(leases) = &self.leases {
+            leases.turn_away(cancelled);
         }
-        #[cfg(not(feature = "redis"))]
-        let _ = cancelled;
     }
 
     /// Whether a call may have to wait for its slots, and so goes by a
-    /// future: a `wait` budget, or a cluster ceiling's lease (a round trip).
+    /// future: a `wait` budget, or a ceiling's lease (a round trip).
     #[inline(always)]
     pub(crate) fn may_wait(&self) -> bool {
-        self.config.wait.is_some() || self.has_cluster()
+        self.config.wait.is_some() || self.has_ceiling()
     }
 
     /// Whether admission has a step after the local slots (a lease), so
     /// that it must go through [`Acquire`](crate::Acquire).
     #[inline(always)]
-    pub(crate) fn has_cluster(&self) -> bool {
-        #[cfg(feature = "redis")]
-        return self.cluster.is_some();
-        #[cfg(not(feature = "redis"))]
-        false
+    pub(crate) fn has_ceiling(&self) -> bool {
+        self.leases.is_some()
     }
 
     /// The fast path: one load to see that nobody is parked (and that the
@@ -356,6 +367,9 @@ impl Shared {
     /// whether it still held it: false if a reclaim or a reset freed it.
     #[inline(always)]
     pub(crate) fn release_permit(&self, claim: &Claim) -> bool {
+        if claim.holds_more() {
+            self.give_back_lease(claim);
+        }
         let released = self.slots.release(claim) > 0;
         if released {
             // The hold time costs a clock read: only sampled claims pay it,
@@ -451,6 +465,9 @@ impl Shared {
     /// as admitted. If a reclaim or a reset freed its slots meanwhile, they
     /// were given back then, and this frees nothing.
     pub(crate) fn give_back_unused(&self, claim: &Claim) {
+        if claim.holds_more() {
+            self.give_back_lease(claim);
+        }
         self.slots.release(claim);
         self.waiters.after_release(&self.slots, &self.clock);
         self.report_reclaimed();
@@ -506,9 +523,9 @@ impl Shared {
     }
 
     /// Whether `call` can take a slot itself, with no wait and no round
-    /// trip: there is room, and no cluster ceiling to ask.
+    /// trip: there is room, and no ceiling to ask.
     pub(crate) fn has_room_for_call(&self) -> bool {
-        !self.has_cluster() && self.has_room()
+        !self.has_ceiling() && self.has_room()
     }
 
     /// The error for a call shed now (and the record of it).

@@ -192,10 +192,9 @@ impl<K> KeyedConfig<K> {
 
     fn validate(&self) -> Result<(), ConfigError> {
         self.per_key.validate()?;
-        // Every key's bulkhead would share the one name on Redis: a ceiling
-        // for all keys together, which is the keyed ceiling's to have.
-        #[cfg(feature = "redis")]
-        if self.per_key.cluster.is_some() {
+        // Every key's bulkhead would ask the one ceiling: a ceiling for all
+        // keys together, which is the keyed ceiling's to have.
+        if self.per_key.ceiling.is_some() {
             return Err(ConfigError::new(
                 "cluster_ceiling",
                 "is not supported per key: every key would share one set of leases; give the \
@@ -266,11 +265,11 @@ impl<K> KeyedConfig<K> {
 /// lease asked for at its end.
 fn ceiling_hold(ceiling: &Config) -> Duration {
     let wait = ceiling.wait.unwrap_or_default();
-    #[cfg(feature = "redis")]
-    if let Some(cluster) = &ceiling.cluster {
-        return wait.saturating_add(cluster.timeout);
-    }
-    wait
+    let first_ask = ceiling
+        .ceiling
+        .as_ref()
+        .map_or(Duration::ZERO, |ceiling| ceiling.first_ask());
+    wait.saturating_add(first_ask)
 }
 
 impl<K> fmt::Debug for KeyedConfig<K> {

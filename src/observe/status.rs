@@ -45,8 +45,8 @@ pub struct Status {
     pub bytes_reserved: u64,
     /// The byte budget, if there is one.
     pub max_bytes: Option<u64>,
-    /// The cluster ceiling, as this replica has seen it, if the bulkhead
-    /// has one (feature `redis`).
+    /// The Redis ceiling, as this replica has seen it, if the bulkhead has
+    /// one (feature `redis`).
     #[cfg(feature = "redis")]
     pub cluster: Option<crate::redis::ClusterStatus>,
     /// Counts since the bulkhead was built.
@@ -61,6 +61,36 @@ pub struct Status {
     pub last_hour: Window,
     /// The last 24 hours.
     pub last_day: Window,
+}
+
+impl Status {
+    /// A status with nothing in it: the base a bulkhead's status is made
+    /// on, so that it names only what it reports itself. The parts a
+    /// ceiling reports are filled in by the ceiling.
+    pub(crate) fn unfilled() -> Self {
+        let window = Window::default();
+        Self {
+            name: None,
+            limit: 0,
+            max_limit: 0,
+            in_flight: 0,
+            available: 0,
+            waiting: 0,
+            waiting_by_priority: BTreeMap::new(),
+            saturation_signal: false,
+            waits_cut_short: false,
+            bytes_reserved: 0,
+            max_bytes: None,
+            #[cfg(feature = "redis")]
+            cluster: None,
+            totals: Totals::default(),
+            last_minute: window,
+            last_5_minutes: window,
+            last_15_minutes: window,
+            last_hour: window,
+            last_day: window,
+        }
+    }
 }
 
 /// Lifetime counts of a bulkhead.

@@ -1,7 +1,24 @@
-//! The cluster ceiling's settings, given to a [`Config`](crate::Config).
+//! The cluster ceiling's settings, given to a [`Config`], and what makes
+//! of them a ceiling for each bulkhead built from it.
 
+use crate::ceiling::{Admit, Install};
 use crate::config::ConfigError;
+use crate::redis::cluster::Cluster;
+use crate::Config;
 use std::{fmt, sync::Arc, time::Duration};
+
+impl Config {
+    /// A ceiling on calls in flight across every replica, kept in Redis, on
+    /// top of this bulkhead's own `limit` (feature `redis`; see
+    /// [`redis`](crate::redis)). A call takes a local slot first, then a
+    /// lease: both or neither. It is the configuration's
+    /// [`ceiling`](Config::ceiling), replacing any given before.
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub fn cluster_ceiling(mut self, ceiling: ClusterCeiling) -> Self {
+        self.ceiling = Some(Arc::new(ceiling));
+        self
+    }
+}
 
 /// A ceiling on calls in flight across every replica that shares it: leases
 /// in one Redis sorted set, on top of each replica's own limit.
@@ -185,6 +202,24 @@ impl ClusterCeiling {
             ));
         }
         Ok(())
+    }
+}
+
+/// Each bulkhead gets a ceiling of its own on the shared set of leases:
+/// its connection, its counts and its places under `LocalLimit`, sized by
+/// its `reclaim_after`.
+impl Install for ClusterCeiling {
+    fn validate(&self, config: &Config) -> Result<(), ConfigError> {
+        ClusterCeiling::validate(self, config.reclaim_after)
+    }
+
+    /// The first ask may take a whole `timeout`, whatever the deadline.
+    fn first_ask(&self) -> Duration {
+        self.timeout
+    }
+
+    fn install(self: Arc<Self>, config: &Config) -> Arc<dyn Admit> {
+        Arc::new(Cluster::new(ClusterCeiling::clone(&self), config))
     }
 }
 

@@ -1,13 +1,13 @@
 //! A bulkhead's side of its cluster ceiling: asking Redis for leases, and
 //! what to do while Redis is away.
 
-use crate::error::ShedReason;
+use crate::ceiling::{self, Admit, Asking, Ceiling, HeldLease, Leased, Refused};
 use crate::observe::{Event, Hook};
 use crate::redis::fallback::FallbackPlaces;
-use crate::redis::releases::{Carried, Outbox, Release};
+use crate::redis::releases::{Carried, Outbox};
 use crate::redis::script::ACQUIRE;
 use crate::redis::{ClusterCeiling, ClusterStatus, WhenUnreachable};
-use crate::Config;
+use crate::{Config, Status};
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -22,7 +22,7 @@ const FIRST_PAUSE: Duration = Duration::from_millis(1);
 const LONGEST_PAUSE: Duration = Duration::from_millis(8);
 
 /// A bulkhead's cluster ceiling, with its connection and its counts.
-pub(crate) struct Cluster {
+pub(super) struct Cluster {
     /// How long a lease is taken to last, seen from here: the lease, or,
     /// renewed, the bulkhead's `reclaim_after`, after which its local slot
     /// is reclaimed and renewal stops.
@@ -35,14 +35,9 @@ pub(crate) struct Cluster {
     /// since `epoch` plus one; 0 while Redis answers.
     skip_until: AtomicU64,
     epoch: Instant,
-    fallback: Option<FallbackPlaces>,
+    fallback: Option<Arc<FallbackPlaces>>,
     counts: Arc<Counts>,
     on_event: Option<Hook>,
-    /// Wakes the callers asking for a lease when the bulkhead is closed or
-    /// its waiting callers cancelled.
-    turned_away: Arc<tokio::sync::Notify>,
-    /// How many times the bulkhead's waiting callers were cancelled.
-    cancels: AtomicU64,
     #[cfg(feature = "metrics")]
     metrics: metrics::ClusterMetrics,
 }
@@ -66,24 +61,27 @@ pub(super) struct Counts {
 /// Where a call was admitted beside its local slots, so that its permit
 /// gives back to the same place: a lease in Redis, or a place under the
 /// fallback limit.
-pub(crate) struct Lease {
-    cluster: Arc<Cluster>,
-    held: Held,
-}
-
-enum Held {
-    /// A lease, by token, asked for at `asked`.
-    Redis { token: String, asked: Instant },
+pub(super) enum Lease {
+    /// A lease, by token, asked for at `asked`, taken to last `lasts`.
+    Redis {
+        token: String,
+        asked: Instant,
+        lasts: Duration,
+        outbox: Arc<Outbox>,
+    },
     /// A place under `WhenUnreachable::LocalLimit`, by id.
-    Fallback(u64),
+    Fallback {
+        id: u64,
+        places: Arc<FallbackPlaces>,
+    },
 }
 
 /// The answer to a lease: one, none needed (admitted while Redis is away,
-/// under `FailOpen`), or a shed.
-pub(crate) type Leased = Result<Option<Lease>, ShedReason>;
+/// under `FailOpen`), or a refusal.
+type Answer = Result<Option<Lease>, Refused>;
 
 impl Cluster {
-    pub(crate) fn new(ceiling: ClusterCeiling, config: &Config) -> Self {
+    pub(super) fn new(ceiling: ClusterCeiling, config: &Config) -> Self {
         let reclaim_after = config.reclaim_after;
         let lease = ceiling.lease_or(reclaim_after);
         let counts = Arc::new(Counts::default());
@@ -96,13 +94,13 @@ impl Cluster {
             lease
         };
         let fallback = match ceiling.when_unreachable {
-            WhenUnreachable::LocalLimit(limit) => Some(FallbackPlaces::new(limit, reclaim_after)),
+            WhenUnreachable::LocalLimit(limit) => {
+                Some(Arc::new(FallbackPlaces::new(limit, reclaim_after)))
+            }
             _ => None,
         };
         Self {
             on_event: config.on_event.clone(),
-            turned_away: Arc::default(),
-            cancels: AtomicU64::new(0),
             #[cfg(feature = "metrics")]
             metrics: metrics::ClusterMetrics::register(
                 config.name.as_deref().unwrap_or("bulkhead"),
@@ -124,7 +122,7 @@ impl Cluster {
     ///
     /// The first ask may take the whole `timeout`; later ones end by the
     /// deadline.
-    pub(crate) async fn lease(self: Arc<Self>, deadline: Option<Instant>) -> Leased {
+    async fn lease(&self, deadline: Option<Instant>) -> Answer {
         let mut pause = FIRST_PAUSE;
         let mut timeout = self.ceiling().timeout;
         loop {
@@ -134,8 +132,8 @@ impl Cluster {
             // Released if this future is dropped, or the ask times out or
             // fails, after the script may have run: the token is ours, so a
             // release never takes anyone else's lease.
-            let asking = Asking {
-                cluster: &self,
+            let asking = Unanswered {
+                outbox: &self.outbox,
                 token: Some(new_token()),
             };
             // The releases pending that no command carries, and the newest
@@ -154,7 +152,7 @@ impl Cluster {
                     };
                     if error.is_none() && timeout < self.ceiling().timeout {
                         // Cut short by the wait budget, not by Redis.
-                        return Err(ShedReason::ClusterLimit);
+                        return Err(Refused::Full);
                     }
                     self.unreached(error);
                     return self.unreachable();
@@ -168,13 +166,13 @@ impl Cluster {
             asking.refused();
             self.counts.refused.fetch_add(1, Ordering::Relaxed);
             let Some(deadline) = deadline else {
-                return Err(ShedReason::ClusterLimit);
+                return Err(Refused::Full);
             };
             let hint = Duration::from_millis(reply.earliest_ends_in.max(1));
             let nap = jitter(pause.min(hint));
             let now = Instant::now();
             if now + nap >= deadline {
-                return Err(ShedReason::ClusterLimit);
+                return Err(Refused::Full);
             }
             tokio::time::sleep(nap).await;
             pause = (pause * 2).min(LONGEST_PAUSE);
@@ -183,57 +181,31 @@ impl Cluster {
                 .timeout
                 .min(deadline.saturating_duration_since(Instant::now()));
             if timeout.is_zero() {
-                return Err(ShedReason::ClusterLimit);
+                return Err(Refused::Full);
             }
         }
     }
 
     /// The answer for a call that cannot ask Redis while it is away.
-    fn unreachable(self: &Arc<Self>) -> Leased {
+    fn unreachable(&self) -> Answer {
         match self.ceiling().when_unreachable {
             WhenUnreachable::FailOpen => {
                 self.admitted_without_lease();
                 Ok(None)
             }
-            WhenUnreachable::FailClosed => Err(ShedReason::ClusterUnavailable),
+            WhenUnreachable::FailClosed => Err(Refused::Unavailable),
             WhenUnreachable::LocalLimit(_) => {
-                let place = self.fallback.as_ref().and_then(FallbackPlaces::take);
-                let Some(id) = place else {
-                    return Err(ShedReason::ClusterUnavailable);
+                let Some(places) = &self.fallback else {
+                    return Err(Refused::Unavailable);
                 };
+                let id = places.take().ok_or(Refused::Unavailable)?;
                 self.admitted_without_lease();
-                Ok(Some(Lease {
-                    cluster: self.clone(),
-                    held: Held::Fallback(id),
+                Ok(Some(Lease::Fallback {
+                    id,
+                    places: places.clone(),
                 }))
             }
         }
-    }
-
-    /// Wakes the callers asking for a lease, to see that they are turned
-    /// away: the bulkhead was closed (recorded by its waiters already), or
-    /// its waiting callers `cancelled`.
-    pub(crate) fn turn_away(&self, cancelled: bool) {
-        if cancelled {
-            // Relaxed: read by callers that poll it, with no data behind it.
-            self.cancels.fetch_add(1, Ordering::Relaxed);
-        }
-        self.turned_away.notify_waiters();
-    }
-
-    /// How many times the bulkhead's waiting callers were cancelled.
-    pub(crate) fn cancels(&self) -> u64 {
-        self.cancels.load(Ordering::Relaxed)
-    }
-
-    /// A wake-up for the next [`turn_away`](Self::turn_away), listening
-    /// from now.
-    pub(crate) fn listen_for_turn_away(
-        &self,
-    ) -> std::pin::Pin<Box<tokio::sync::futures::OwnedNotified>> {
-        let mut woken = Box::pin(self.turned_away.clone().notified_owned());
-        woken.as_mut().enable();
-        woken
     }
 
     /// The ceiling's settings.
@@ -241,32 +213,14 @@ impl Cluster {
         &self.outbox.ceiling
     }
 
-    /// For a call that may not wait for a round trip, before its local
-    /// claim: only `FailOpen` lets it on (and it is then counted with
-    /// [`admitted_without_lease`](Self::admitted_without_lease)).
-    pub(crate) fn without_round_trip(&self) -> Result<(), ShedReason> {
-        match self.ceiling().when_unreachable {
-            WhenUnreachable::FailOpen => Ok(()),
-            _ => Err(ShedReason::ClusterUnavailable),
-        }
-    }
-
     /// A call was admitted without a lease: Redis was away, or the call may
     /// not wait for a round trip.
-    pub(crate) fn admitted_without_lease(&self) {
+    fn admitted_without_lease(&self) {
         self.counts
             .admitted_without_lease
             .fetch_add(1, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
         self.metrics.admitted_without_lease.increment(1);
-    }
-
-    /// Forgets the places under the fallback limit, as `Bulkhead::reset`
-    /// forgets the slots.
-    pub(crate) fn reset(&self) {
-        if let Some(fallback) = &self.fallback {
-            fallback.clear();
-        }
     }
 
     /// Whether to ask Redis now: always while it answers; after a failure,
@@ -383,39 +337,20 @@ impl Cluster {
         })
     }
 
-    fn granted(self: &Arc<Self>, token: String, asked: Instant) -> Lease {
+    fn granted(&self, token: String, asked: Instant) -> Lease {
         self.counts.granted.fetch_add(1, Ordering::Relaxed);
         if self.ceiling().renew {
             self.outbox.live(token.clone(), asked + self.renew_for);
         }
-        Lease {
-            cluster: self.clone(),
-            held: Held::Redis { token, asked },
+        Lease::Redis {
+            token,
+            asked,
+            lasts: self.lasts,
+            outbox: self.outbox.clone(),
         }
     }
 
-    /// Queues `token` to be released (`granted`: known to hold a lease, not
-    /// only maybe). The next lease asked for carries it, or, if none is, the
-    /// release task sends it.
-    fn release(&self, token: String, granted: bool) {
-        self.outbox.release(Release {
-            token,
-            granted,
-            maybe_removed: false,
-            carriers: 0,
-            runs_out: Instant::now() + self.runs_out_within(),
-        });
-    }
-
-    /// How long after it is given back a lease has surely run out: given
-    /// back, it is renewed no more, so within a lease, and a command's
-    /// timeout for its request (or a renewal) still on its way.
-    fn runs_out_within(&self) -> Duration {
-        let on_its_way = if self.outbox.ceiling.renew { 2 } else { 1 };
-        Duration::from_millis(self.outbox.lease_ms) + self.outbox.ceiling.timeout * on_its_way
-    }
-
-    pub(crate) fn status(&self) -> ClusterStatus {
+    fn status(&self) -> ClusterStatus {
         let counts = &self.counts;
         let read = |count: &AtomicU64| count.load(Ordering::Relaxed);
         let round_trip = read(&counts.round_trip_micros);
@@ -432,7 +367,7 @@ impl Cluster {
             releases_lost: read(&counts.releases_lost),
             errors: read(&counts.errors),
             admitted_without_lease: read(&counts.admitted_without_lease),
-            fallback_held: self.fallback.as_ref().map_or(0, FallbackPlaces::held),
+            fallback_held: self.fallback.as_deref().map_or(0, FallbackPlaces::held),
         }
     }
 }
@@ -443,44 +378,82 @@ impl Drop for Cluster {
     }
 }
 
-impl Lease {
-    /// Whether the lease may have run out (and been reclaimed by another
-    /// replica) by now: a grant held too long before its call (a service
-    /// polled ready, called much later) must not run on it.
-    pub(crate) fn lapsed(&self) -> bool {
-        match &self.held {
-            Held::Redis { asked, .. } => asked.elapsed() >= self.cluster.lasts,
+impl Ceiling for Cluster {
+    type Lease = Option<Lease>;
+
+    async fn acquire(&self, deadline: Option<Instant>) -> Answer {
+        self.lease(deadline).await
+    }
+
+    /// A call that may not wait for a round trip cannot ask Redis: it is
+    /// answered as if Redis were away, except that the places under
+    /// `LocalLimit` are a share of the ceiling for while Redis is away,
+    /// not a way round it while it answers, so only `FailOpen` admits it.
+    fn try_acquire(&self) -> Answer {
+        match self.ceiling().when_unreachable {
+            WhenUnreachable::FailOpen => {
+                self.admitted_without_lease();
+                Ok(None)
+            }
+            _ => Err(Refused::Unavailable),
+        }
+    }
+}
+
+/// How a bulkhead asks its Redis ceiling: as any [`Ceiling`], with a
+/// status of its own, and places under `LocalLimit` that a reset forgets.
+impl Admit for Cluster {
+    fn acquire(self: Arc<Self>, deadline: Option<Instant>) -> Asking {
+        Box::pin(async move { held(Ceiling::acquire(&*self, deadline).await) })
+    }
+
+    fn try_acquire(&self) -> Leased {
+        held(Ceiling::try_acquire(self))
+    }
+
+    fn reset(&self) {
+        if let Some(fallback) = &self.fallback {
+            fallback.clear();
+        }
+    }
+
+    fn describe(&self, status: &mut Status) {
+        status.cluster = Some(self.status());
+    }
+}
+
+/// Boxed for its bulkhead to hold, if there is a lease at all.
+fn held(answer: Answer) -> Leased {
+    answer.map(|lease| lease.map(|lease| Box::new(lease) as HeldLease))
+}
+
+impl ceiling::Lease for Lease {
+    fn lapsed(&self) -> bool {
+        match self {
+            Lease::Redis { asked, lasts, .. } => asked.elapsed() >= *lasts,
             // Taken back after `reclaim_after`, as its local slot is.
-            Held::Fallback(id) => !self
-                .cluster
-                .fallback
-                .as_ref()
-                .is_some_and(|fallback| fallback.holds(*id)),
+            Lease::Fallback { id, places } => !places.holds(*id),
         }
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        match std::mem::replace(&mut self.held, Held::Fallback(u64::MAX)) {
-            Held::Redis { token, .. } => self.cluster.release(token, true),
-            Held::Fallback(id) => {
-                if let Some(fallback) = &self.cluster.fallback {
-                    fallback.give_back(id);
-                }
-            }
+        match self {
+            Lease::Redis { token, outbox, .. } => outbox.give_back(std::mem::take(token), true),
+            Lease::Fallback { id, places } => places.give_back(*id),
         }
     }
 }
 
 /// A lease asked for and not yet answered: released if the answer never
 /// comes (the future dropped, the command timed out or failed).
-struct Asking<'a> {
-    cluster: &'a Cluster,
+struct Unanswered<'a> {
+    outbox: &'a Outbox,
     token: Option<String>,
 }
 
-impl Asking<'_> {
+impl Unanswered<'_> {
     fn token(&self) -> &str {
         self.token.as_deref().unwrap_or_default()
     }
@@ -494,10 +467,10 @@ impl Asking<'_> {
     }
 }
 
-impl Drop for Asking<'_> {
+impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
         if let Some(token) = self.token.take() {
-            self.cluster.release(token, false);
+            self.outbox.give_back(token, false);
         }
     }
 }

@@ -7,6 +7,14 @@
 //! [`ClusterCeiling`] given to [`Config::cluster_ceiling`](crate::Config::cluster_ceiling)
 //! caps them together.
 //!
+//! It is one implementation of [`Ceiling`](crate::ceiling::Ceiling): the
+//! bulkhead's side (the local slot first, both or neither, the `wait`
+//! budget as a deadline, `close` and `cancel_waiting` turning away the
+//! callers asking, a lapsed lease shedding its call) is the same on any
+//! store. What is Redis's own is here: the script, the pending releases,
+//! renewal, [`WhenUnreachable`], and [`ClusterStatus`] in
+//! [`Status::cluster`](crate::Status::cluster).
+//!
 //! # How a call is admitted
 //!
 //! 1. The local bulkhead first: a full process sheds (or waits) as ever,
@@ -55,7 +63,9 @@
 //!
 //! The calls that may never wait for a round trip
 //! ([`Bulkhead::try_acquire`](crate::Bulkhead::try_acquire) and its kin)
-//! cannot ask Redis, so they are answered as if it were away.
+//! cannot ask Redis, so they are answered as if it were away, except that
+//! only `FailOpen` admits them: the places under `LocalLimit` are for while
+//! Redis is away.
 //!
 //! # What the ceiling does not promise
 //!
@@ -76,5 +86,4 @@ mod script;
 mod status;
 
 pub use ceiling::{ClusterCeiling, WhenUnreachable};
-pub(crate) use cluster::{Cluster, Lease, Leased};
 pub use status::ClusterStatus;

@@ -42,21 +42,21 @@ const NEWEST: usize = 4;
 const LINGER: Duration = Duration::from_millis(1);
 
 /// A lease given back, not yet known to be removed.
-pub(super) struct Release {
-    pub(super) token: String,
+struct Release {
+    token: String,
     /// Known to have been granted: a release that finds nothing is late
     /// (the lease had run out and been reclaimed). Not so for a lease asked
     /// for and abandoned, which may never have been granted.
-    pub(super) granted: bool,
+    granted: bool,
     /// Carried by a command that was never answered: it may have been
     /// removed then, so finding nothing now is not late.
-    pub(super) maybe_removed: bool,
+    maybe_removed: bool,
     /// How many commands carry it now, not yet answered: the task and the
     /// requests leave it to them rather than send it once more.
-    pub(super) carriers: u32,
+    carriers: u32,
     /// When its lease has surely run out (given back, it is renewed no
     /// more): past this, sending it can free nothing.
-    pub(super) runs_out: Instant,
+    runs_out: Instant,
 }
 
 /// What the task needs, outliving the bulkhead.
@@ -188,10 +188,31 @@ impl Outbox {
         }
     }
 
+    /// Queues `token` to be released (`granted`: known to hold a lease, not
+    /// only maybe). The next lease asked for carries it, or, if none is, the
+    /// release task sends it.
+    pub(super) fn give_back(&self, token: String, granted: bool) {
+        self.release(Release {
+            token,
+            granted,
+            maybe_removed: false,
+            carriers: 0,
+            runs_out: Instant::now() + self.runs_out_within(),
+        });
+    }
+
+    /// How long after it is given back a lease has surely run out: given
+    /// back, it is renewed no more, so within a lease, and a command's
+    /// timeout for its request (or a renewal) still on its way.
+    fn runs_out_within(&self) -> Duration {
+        let on_its_way = if self.ceiling.renew { 2 } else { 1 };
+        Duration::from_millis(self.lease_ms) + self.ceiling.timeout * on_its_way
+    }
+
     /// Adds `release` and wakes the task; past the bound, the oldest is
     /// dropped (its lease the likeliest to have run out already) and left
     /// to run out.
-    pub(super) fn release(&self, release: Release) {
+    fn release(&self, release: Release) {
         if self.ceiling.renew {
             lock(&self.live).remove(&release.token);
         }

@@ -1,5 +1,5 @@
 //! A claim: the ledger entry a caller holds and the exact word it wrote
-//! there, its weight, and two flags.
+//! there, its weight, and three flags.
 
 use std::num::NonZeroU64;
 
@@ -9,7 +9,7 @@ use std::num::NonZeroU64;
 pub(crate) struct Claim {
     word: NonZeroU64,
     /// The entry's index (low 21 bits), the weight less one (the next 20),
-    /// and `RECLAIMED` and `SAMPLE` in the top bits.
+    /// and `RECLAIMED`, `SAMPLE` and `HOLDS_MORE` in the top bits.
     tagged_index: u64,
 }
 
@@ -18,6 +18,7 @@ const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
 const WEIGHT_MASK: u64 = ((1 << 20) - 1) << INDEX_BITS;
 const RECLAIMED: u64 = 1 << 63;
 const SAMPLE: u64 = 1 << 62;
+const HOLDS_MORE: u64 = 1 << 61;
 
 impl Claim {
     #[inline(always)]
@@ -61,5 +62,18 @@ impl Claim {
     #[inline]
     pub(crate) fn sample(&self) -> bool {
         self.tagged_index & SAMPLE != 0
+    }
+
+    /// Its holder holds something beside its slots (a ceiling's lease),
+    /// kept by its bulkhead and given back with it: a flag in hand, so that
+    /// a claim without one is released without a look for it.
+    #[inline]
+    pub(crate) fn holds_more(&self) -> bool {
+        self.tagged_index & HOLDS_MORE != 0
+    }
+
+    pub(crate) fn holding_more(mut self) -> Self {
+        self.tagged_index |= HOLDS_MORE;
+        self
     }
 }

@@ -33,7 +33,7 @@ pub(crate) enum TicketAdmission {
 #[inline(always)]
 pub(crate) fn admit(bulkhead: &Bulkhead, ticket: Ticket) -> TicketAdmission {
     let shared = bulkhead.shared();
-    if shared.has_cluster() {
+    if shared.has_ceiling() {
         // A lease is a round trip: taken in the response future.
         return TicketAdmission::Wait(bulkhead.acquire_with(ticket));
     }

@@ -27,11 +27,11 @@ use tower_service::Service;
 /// is dropped, which hands it to the next in line. The inner service is
 /// polled first, so no slot is held while it is not ready.
 ///
-/// With a cluster ceiling ([`Config::cluster_ceiling`](crate::Config::cluster_ceiling),
-/// feature `redis`), the lease is a round trip, which `call` cannot wait
-/// for: `poll_ready` takes the slot and the lease, and the service holds
-/// them until its `call` (or gives both back when dropped), as tower's
-/// `ConcurrencyLimit` holds its permit.
+/// With a ceiling ([`Config::ceiling`](crate::Config::ceiling), or
+/// `Config::cluster_ceiling` on Redis), a lease may be a round trip, which
+/// `call` cannot wait for: `poll_ready` takes the slot and the lease, and
+/// the service holds them until its `call` (or gives both back when
+/// dropped), as tower's `ConcurrencyLimit` holds its permit.
 pub struct Concurrency<S> {
     inner: S,
     bulkhead: Bulkhead,
