@@ -115,6 +115,7 @@
 //! | `tracing` | a debug event per rejection; a warning per reclaimed slot, per invalid weight, and when the saturation signal goes up |
 //! | `serde` | [`Status`] is `Serialize` |
 //! | `redis` | [`redis::ClusterCeiling`]: one ceiling on calls in flight across every replica, leases in Redis |
+//! | `test-util` | `ManualClock` and `Config::clock`: a test steps past `reclaim_after` without sleeping |
 //!
 //! [tower]: https://docs.rs/tower
 
@@ -142,9 +143,9 @@ mod ticket;
 mod tower;
 mod wait;
 
-pub use bulkhead::{
-    Acquire, BorrowedPermit, Bulkhead, ByteReservation, DrainTimedOut, ManualClock, Permit,
-};
+#[cfg(feature = "test-util")]
+pub use bulkhead::ManualClock;
+pub use bulkhead::{Acquire, BorrowedPermit, Bulkhead, ByteReservation, DrainTimedOut, Permit};
 pub use config::{Config, ConfigError};
 pub use error::{ServiceSaturated, ShedReason};
 pub use observe::{Event, Status, Totals, Window};

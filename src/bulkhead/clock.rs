@@ -214,11 +214,16 @@ fn ceil_ticks(duration: Duration, per_sec: u64) -> u64 {
 /// clock.advance(Duration::from_secs(30));
 /// assert!(bulkhead.try_acquire().is_ok()); // the leaked slot was reclaimed
 /// ```
+/// Feature `test-util`.
 #[derive(Clone, Debug, Default)]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub struct ManualClock {
     nanos: Arc<AtomicU64>,
 }
 
+// Without the feature only the crate's own tests make one.
+#[cfg_attr(not(feature = "test-util"), allow(dead_code, unreachable_pub))]
 impl ManualClock {
     /// A clock standing at zero.
     pub fn new() -> Self {

@@ -15,6 +15,8 @@ mod permit;
 mod shared;
 
 pub use acquire::Acquire;
+// Public with feature `test-util`; the crate's own tests use it anyway.
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub use clock::ManualClock;
 pub use handle::{Bulkhead, DrainTimedOut};
 pub use permit::{BorrowedPermit, ByteReservation, Permit};

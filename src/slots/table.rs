@@ -290,6 +290,7 @@ impl SlotTable {
     }
 
     /// Whether entry `index` is free: for tests.
+    #[cfg(any(test, feature = "test-util"))]
     pub(crate) fn is_released(&self, index: usize) -> bool {
         index < self.ledger.len() && deadline(self.ledger.entry(index).load(Ordering::SeqCst)) == 0
     }
