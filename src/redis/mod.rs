@@ -80,6 +80,7 @@
 
 mod ceiling;
 mod cluster;
+mod connection;
 mod fallback;
 mod releases;
 mod script;
