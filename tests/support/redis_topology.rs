@@ -6,7 +6,8 @@
 //!
 //! They need `redis-server` and `redis-cli` on `PATH` (Debian:
 //! `apt-get install redis-server redis-tools`); without them, `start`
-//! returns `None` and the test says it is skipped.
+//! returns `None` and the test says it is skipped (it fails instead with
+//! `TOWER_INFLIGHT_REQUIRE_REDIS` set, as `.ci/run` sets it).
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -24,6 +25,9 @@ pub(crate) fn available(program: &str, test: &str) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|status| status.success());
+    if !runs && std::env::var_os("TOWER_INFLIGHT_REQUIRE_REDIS").is_some() {
+        panic!("{test}: `{program}` is not on PATH, and TOWER_INFLIGHT_REQUIRE_REDIS is set");
+    }
     if !runs {
         eprintln!(
             "SKIPPED {test}: `{program}` is not on PATH (Debian: \
