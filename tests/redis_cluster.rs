@@ -118,12 +118,13 @@ struct Phase {
 /// across the fleet never pass 6, calls are admitted in every phase, and
 /// the client did follow `ASK` (the target counts `ASKING`) and `MOVED`.
 ///
-/// A few requests may still fail in the `ASK` window, shed here as
-/// `ClusterUnavailable`: the `redis` crate (1.8) sends `ASKING` and the
-/// redirected command separately on a connection shared by concurrent
-/// requests, so one's `ASKING` can be spent by another's command, and a
-/// request bounced between source and target runs out of retries. They
-/// are counted, not asserted.
+/// And no request fails (none is shed as `ClusterUnavailable`): the `redis`
+/// crate (1.8) sends `ASKING` and the redirected command apart on a
+/// connection that concurrent requests share, so one's `ASKING` can be
+/// spent by another's command and a request bounce between source and
+/// target until its retries run out; the ceiling's connection then sends
+/// it once more with `ASKING` in one pipeline (src/redis/connection.rs).
+/// Without that, about 20 requests of 3,000 failed here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_migration_mid_run_keeps_the_ceiling() {
     let Some(cluster) = RedisCluster::start("a_slot_migration_mid_run_keeps_the_ceiling") else {
@@ -248,6 +249,7 @@ async fn a_slot_migration_mid_run_keeps_the_ceiling() {
     for (at, (admitted, _, _)) in report.iter().enumerate() {
         assert!(*admitted > 0, "no call admitted in phase {at}: {report:?}");
     }
+    assert_eq!(errors, 0, "requests failed: {report:?}");
     assert!(asked > 0, "the client never followed an ASK to the target");
     assert!(moved > 0, "the client never met a MOVED");
     assert_eq!(cluster.owner(slot), third);

@@ -13,6 +13,7 @@ use ::redis::aio::MultiplexedConnection;
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::{ClusterClient, ClusterConfig};
 use ::redis::cluster_async::ClusterConnection;
+use ::redis::cluster_routing::SingleNodeRoutingInfo;
 use ::redis::sentinel::SentinelClient;
 use ::redis::RedisFuture;
 use ::redis::{AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, RedisResult};
@@ -79,7 +80,14 @@ impl ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Connection::Node(connection) => connection.req_packed_command(cmd),
-            Connection::Cluster(connection) => connection.req_packed_command(cmd),
+            Connection::Cluster(connection) => Box::pin(async move {
+                match connection.req_packed_command(cmd).await {
+                    Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::Ask) => {
+                        asking(connection, cmd, error).await
+                    }
+                    answer => answer,
+                }
+            }),
             Connection::Sentinel(connection) => connection.req_packed_command(cmd),
         }
     }
@@ -108,6 +116,33 @@ impl ConnectionLike for Connection {
             Connection::Sentinel(_) => 0,
         }
     }
+}
+
+/// `cmd` sent once more to the node an `ASK` redirection named, with
+/// `ASKING` before it in one pipeline, so that nothing comes between them.
+///
+/// The cluster connection follows `ASK` itself, but sends `ASKING` and the
+/// command apart on a connection that concurrent requests share: another
+/// request's command can spend the `ASKING`, and this one, refused by the
+/// target (`MOVED` back to the source, which answers `ASK` again), bounces
+/// until its retries run out. This is its last try.
+async fn asking(
+    connection: &mut ClusterConnection,
+    cmd: &Cmd,
+    ask: RedisError,
+) -> RedisResult<Value> {
+    let Some((host, port)) = ask
+        .redirect_node()
+        .and_then(|(node, _slot)| node.rsplit_once(':'))
+        .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?)))
+    else {
+        return Err(ask);
+    };
+    let mut pipeline = ::redis::pipe();
+    pipeline.cmd("ASKING").ignore().add_command(cmd.clone());
+    let route = SingleNodeRoutingInfo::ByAddress { host, port };
+    let mut answers = connection.route_pipeline(pipeline, 1, 1, route).await?;
+    answers.pop().ok_or(ask)
 }
 
 /// The primary that Sentinel names, asked for on the first command and
