@@ -78,6 +78,17 @@ fn without_lease(bulkheads: &[Bulkhead]) -> u64 {
         .sum()
 }
 
+/// How the primary goes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fault {
+    /// SIGKILL: its connections break at once.
+    Killed,
+    /// SIGSTOP: its connections stay open and commands go unanswered (a
+    /// stall, a network split); thawed once the replica is promoted, it
+    /// comes back and is demoted to a replica.
+    Frozen,
+}
+
 /// Three replicas (local limit 4 each: 12 in all) under a ceiling of 6,
 /// `FailOpen` (the default), each with 6 callers taking a permit, holding
 /// it 10 to 30 ms and asking again. The primary is killed; the sentinels
@@ -87,7 +98,28 @@ fn without_lease(bulkheads: &[Bulkhead]) -> u64 {
 /// the ceiling came back have ended, never more than 6.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_brings_the_ceiling_back_within_the_local_limits_meanwhile() {
-    let test = "a_failover_brings_the_ceiling_back_within_the_local_limits_meanwhile";
+    failover(
+        "a_failover_brings_the_ceiling_back_within_the_local_limits_meanwhile",
+        Fault::Killed,
+    )
+    .await;
+}
+
+/// The same with the primary frozen rather than killed: the connection to
+/// it stays open, so only commands unanswered until their timeout tell the
+/// ceiling to ask the sentinels again: the ceiling is back while the old
+/// primary is still frozen. Thawed then, it comes back and is demoted, and
+/// the ceiling stays on the new primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_primary_is_left_for_the_promoted_replica() {
+    failover(
+        "a_stalled_primary_is_left_for_the_promoted_replica",
+        Fault::Frozen,
+    )
+    .await;
+}
+
+async fn failover(test: &str, fault: Fault) {
     let Some(topology) = RedisSentinel::start(test) else {
         return;
     };
@@ -165,7 +197,10 @@ async fn a_failover_brings_the_ceiling_back_within_the_local_limits_meanwhile() 
 
     // The primary dies; the sentinels promote the replica.
     let killed = Instant::now();
-    topology.lock().unwrap().primary.kill();
+    match fault {
+        Fault::Killed => topology.lock().unwrap().primary.kill(),
+        Fault::Frozen => topology.lock().unwrap().primary.freeze(),
+    }
     let promoted = {
         let topology = topology.clone();
         tokio::task::spawn_blocking(move || {
@@ -221,10 +256,15 @@ async fn a_failover_brings_the_ceiling_back_within_the_local_limits_meanwhile() 
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
+    if fault == Fault::Frozen {
+        // Back while the old primary is still frozen; thawed, it is
+        // demoted, and the ceiling stays on the new one.
+        topology.lock().unwrap().primary.thaw();
+    }
     let meanwhile = fleet.window();
     let admitted_without_lease = without_lease(&bulkheads);
     eprintln!(
-        "promoted {:?} after the kill; ceiling back {:?} after the promotion; \
+        "{fault:?}: promoted {:?} after the fault; ceiling back {:?} after the promotion; \
          meanwhile at most {meanwhile} in flight, {admitted_without_lease} calls \
          admitted without a lease",
         promoted - killed,

@@ -141,7 +141,7 @@ impl ClusterCeiling {
     /// The first call that needs it asks the sentinels for the primary and
     /// connects to it (checking its role). When a command there fails (the
     /// primary gone, or demoted and answering `READONLY`) or goes
-    /// unanswered for a whole [`timeout`](Self::timeout), the next command
+    /// unanswered until its [`timeout`](Self::timeout), the next command
     /// asks the sentinels again: after a failover, the ceiling is back once
     /// the sentinels name the promoted replica and the
     /// [`backoff`](Self::backoff) has passed. Meanwhile calls follow

@@ -7,7 +7,8 @@
 //! cluster's connection follows `MOVED` and `ASK` and refreshes its slots;
 //! the Sentinel connection asks the sentinels for the primary again once
 //! the one it had fails (an I/O error, a `READONLY` reply from a primary
-//! demoted to a replica, or a command unanswered for a whole timeout).
+//! demoted to a replica, or a command its caller gave up on after a
+//! timeout).
 
 use ::redis::aio::MultiplexedConnection;
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -215,9 +216,10 @@ fn lost_primary(error: &RedisError) -> bool {
 }
 
 /// A command on its way on connection `number`: if it is dropped
-/// unanswered after a whole timeout (its caller's timeout fired), the
-/// primary is taken as lost, as a stalled or partitioned one would be; if
-/// it fails, so is it, but for a script missing from the server's cache.
+/// unanswered after half a timeout or more (its caller's timeout fired,
+/// started a moment before this), the primary is taken as lost, as a
+/// stalled or partitioned one would be; if it fails, so is it, but for a
+/// script missing from the server's cache.
 struct OnItsWay<'a> {
     shared: &'a SentinelShared,
     number: u64,
@@ -248,7 +250,7 @@ impl<'a> OnItsWay<'a> {
 
 impl Drop for OnItsWay<'_> {
     fn drop(&mut self) {
-        if !self.answered && self.sent.elapsed() >= self.shared.timeout {
+        if !self.answered && self.sent.elapsed() >= self.shared.timeout / 2 {
             self.shared.forget(self.number);
         }
     }

@@ -120,6 +120,23 @@ impl Node {
         }
     }
 
+    /// Freezes the process (SIGSTOP), as a stall or a network split would:
+    /// connections stay open, commands go unanswered.
+    pub(crate) fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a frozen process (SIGCONT).
+    pub(crate) fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        let status = Command::new("kill").args([signal, &pid]).status().unwrap();
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
     /// Kills the process, as a crash would.
     pub(crate) fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
