@@ -4,6 +4,7 @@
 use crate::ceiling::{Admit, Install};
 use crate::config::ConfigError;
 use crate::redis::cluster::Cluster;
+use crate::redis::connection::Store;
 use crate::Config;
 use std::{fmt, sync::Arc, time::Duration};
 
@@ -41,7 +42,8 @@ impl Config {
 /// ```
 #[derive(Clone)]
 pub struct ClusterCeiling {
-    pub(crate) client: ::redis::Client,
+    /// Where the leases live: a node, a Redis Cluster, or Sentinel's primary.
+    pub(super) store: Store,
     pub(crate) name: Arc<str>,
     pub(crate) limit: usize,
     pub(crate) lease: Option<Duration>,
@@ -86,10 +88,105 @@ impl ClusterCeiling {
     /// that needs it, and remade in the background when it drops.
     ///
     /// The leases live under the key `tower-inflight:{name}:leases`; the
-    /// braces make it a hash tag, so it works on Redis Cluster.
+    /// braces make it a hash tag (see [`cluster`](Self::cluster)).
     pub fn new(client: ::redis::Client, name: impl Into<Arc<str>>, limit: usize) -> Self {
+        Self::on(Store::Node(client), name, limit)
+    }
+
+    /// A ceiling of `limit` calls for every bulkhead named `name` on the
+    /// Redis Cluster that `client` reaches.
+    ///
+    /// The ceiling's one key, `tower-inflight:{name}:leases`, has `name` as
+    /// its hash tag, so it lives in one slot on one primary, and each lease
+    /// is one script there. The connection is made on the first call that
+    /// needs it; it follows `MOVED` and `ASK` redirections (a slot being
+    /// migrated, a replica promoted) and refreshes its map of slots, within
+    /// each command's [`timeout`](Self::timeout), which replaces the
+    /// `client`'s own connection and response timeouts.
+    ///
+    /// A cluster failover (a primary lost, its replica promoted) can lose
+    /// the leases granted last, as a Sentinel failover can: see
+    /// [what the ceiling does not promise](crate::redis#what-the-ceiling-does-not-promise).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redis::cluster::ClusterClient;
+    /// use tower_inflight::redis::ClusterCeiling;
+    /// use tower_inflight::Config;
+    ///
+    /// let client = ClusterClient::new(vec![
+    ///     "redis://10.0.0.1:6379/",
+    ///     "redis://10.0.0.2:6379/",
+    ///     "redis://10.0.0.3:6379/",
+    /// ])
+    /// .unwrap();
+    /// let config = Config::new(8, Duration::from_secs(30))
+    ///     .cluster_ceiling(ClusterCeiling::cluster(client, "payments", 20));
+    /// # let _ = tower_inflight::Bulkhead::new(config);
+    /// ```
+    pub fn cluster(
+        client: ::redis::cluster::ClusterClient,
+        name: impl Into<Arc<str>>,
+        limit: usize,
+    ) -> Self {
+        Self::on(Store::Cluster(Box::new(client)), name, limit)
+    }
+
+    /// A ceiling of `limit` calls for every bulkhead named `name` on the
+    /// primary that Redis Sentinel names: `client` holds the sentinels'
+    /// addresses and the primary's name, and must be built for
+    /// [`SentinelServerType::Master`](::redis::sentinel::SentinelServerType::Master)
+    /// (leases are written).
+    ///
+    /// The first call that needs it asks the sentinels for the primary and
+    /// connects to it (checking its role). When a command there fails (the
+    /// primary gone, or demoted and answering `READONLY`) or goes
+    /// unanswered until its [`timeout`](Self::timeout), the next command
+    /// asks the sentinels again: after a failover, the ceiling is back once
+    /// the sentinels name the promoted replica and the
+    /// [`backoff`](Self::backoff) has passed. Meanwhile calls follow
+    /// [`when_unreachable`](Self::when_unreachable).
+    ///
+    /// Replication is asynchronous: a failover can lose the leases granted
+    /// last, and while the calls holding them run, the fleet may admit more
+    /// than the ceiling, never more than the sum of the replicas' local
+    /// limits (see
+    /// [what the ceiling does not promise](crate::redis#what-the-ceiling-does-not-promise)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redis::sentinel::{SentinelClient, SentinelServerType};
+    /// use tower_inflight::redis::ClusterCeiling;
+    /// use tower_inflight::Config;
+    ///
+    /// let sentinels = vec![
+    ///     "redis://10.0.0.1:26379/",
+    ///     "redis://10.0.0.2:26379/",
+    ///     "redis://10.0.0.3:26379/",
+    /// ];
+    /// let client = SentinelClient::build(
+    ///     sentinels,
+    ///     String::from("mymaster"),
+    ///     None,
+    ///     SentinelServerType::Master,
+    /// )
+    /// .unwrap();
+    /// let config = Config::new(8, Duration::from_secs(30))
+    ///     .cluster_ceiling(ClusterCeiling::sentinel(client, "payments", 20));
+    /// # let _ = tower_inflight::Bulkhead::new(config);
+    /// ```
+    pub fn sentinel(
+        client: ::redis::sentinel::SentinelClient,
+        name: impl Into<Arc<str>>,
+        limit: usize,
+    ) -> Self {
+        let client = Arc::new(tokio::sync::Mutex::new(client));
+        Self::on(Store::Sentinel(client), name, limit)
+    }
+
+    fn on(store: Store, name: impl Into<Arc<str>>, limit: usize) -> Self {
         Self {
-            client,
+            store,
             name: name.into(),
             limit,
             lease: None,

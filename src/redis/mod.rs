@@ -58,8 +58,11 @@
 //! driver) wherever it takes permits through `acquire` or a layer; the
 //! connection and the task live in the runtime that first asks Redis (made
 //! again in another if it shuts down), so keep it running. Redis 5 or
-//! later, a single node (the key's hash tag is ready for Redis Cluster, the
-//! client is not).
+//! later: a single node or a primary with replicas
+//! ([`ClusterCeiling::new`]), a Redis Cluster ([`ClusterCeiling::cluster`]:
+//! the ceiling's one key has its name as hash tag, so it lives in one
+//! slot), or the primary Sentinel names ([`ClusterCeiling::sentinel`],
+//! found again after a failover).
 //!
 //! The calls that may never wait for a round trip
 //! ([`Bulkhead::try_acquire`](crate::Bulkhead::try_acquire) and its kin)
@@ -70,16 +73,17 @@
 //! # What the ceiling does not promise
 //!
 //! It is a ceiling, not a lock:
-//! - A Redis failover with asynchronous replication can lose recent leases,
-//!   and a deleted key loses them all: until they would have ended, the
-//!   fleet can admit more than the ceiling, never more than the sum of the
-//!   replicas' local limits.
+//! - A Redis failover with asynchronous replication (Sentinel's, or a Redis
+//!   Cluster's) can lose recent leases, and a deleted key loses them all:
+//!   until they would have ended, the fleet can admit more than the
+//!   ceiling, never more than the sum of the replicas' local limits.
 //! - A holder that pauses (a long GC, a stopped VM) past its lease loses it
 //!   to the next caller, and is not fenced: when it resumes, both run.
 //! - While Redis is unreachable, the ceiling is what [`WhenUnreachable`] says.
 
 mod ceiling;
 mod cluster;
+mod connection;
 mod fallback;
 mod releases;
 mod script;

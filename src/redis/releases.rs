@@ -18,8 +18,8 @@
 //! task, in one runtime, and made again with it if that runtime shuts down.
 
 use crate::redis::cluster::Counts;
+use crate::redis::connection::Connection;
 use crate::redis::script::{RELEASE, RENEW};
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -86,7 +86,7 @@ pub(super) struct Outbox {
 
 struct Running {
     task: JoinHandle<()>,
-    connection: ConnectionManager,
+    connection: Connection,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -321,7 +321,7 @@ impl Outbox {
     /// The connection, with the task beside it: both made in the current
     /// runtime if they are not running (never made, or their runtime has
     /// shut down). An error outside a runtime.
-    pub(super) fn connection(self: &Arc<Self>) -> Result<ConnectionManager, ::redis::RedisError> {
+    pub(super) fn connection(self: &Arc<Self>) -> Result<Connection, ::redis::RedisError> {
         let mut running = lock(&self.running);
         if let Some(running) = running
             .as_ref()
@@ -335,13 +335,7 @@ impl Outbox {
                 "the cluster ceiling needs a Tokio runtime",
             )));
         };
-        let timeout = Some(self.ceiling.timeout);
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(timeout)
-            .set_response_timeout(timeout)
-            .set_number_of_retries(1);
-        let connection =
-            ConnectionManager::new_lazy_with_config(self.ceiling.client.clone(), config)?;
+        let connection = self.ceiling.store.connect(self.ceiling.timeout)?;
         let task = runtime.spawn(run(self.clone(), connection.clone()));
         *running = Some(Running {
             task,
@@ -363,7 +357,7 @@ impl Outbox {
 
     /// Sends every release pending: `false` if a command failed (they stay
     /// pending).
-    async fn send(&self, connection: &mut ConnectionManager) -> bool {
+    async fn send(&self, connection: &mut Connection) -> bool {
         for carried in self.all() {
             let mut release = RELEASE.key(&self.key);
             for token in carried.tokens() {
@@ -387,7 +381,7 @@ impl Outbox {
     /// Moves each live lease's deadline a lease on. A failed renewal is
     /// tried again next period; a lease it misses runs out and is
     /// reclaimed, as a dead replica's is.
-    async fn renew_all(&self, connection: &mut ConnectionManager) {
+    async fn renew_all(&self, connection: &mut Connection) {
         for tokens in self.to_renew().chunks(BATCH) {
             let mut renew = RENEW.key(&self.key);
             renew.arg(self.lease_ms).arg(tokens);
@@ -409,7 +403,7 @@ impl Outbox {
 /// Sends the pending releases whenever one is added (after a failure, not
 /// again before the backoff), and renews the live leases every third of a
 /// lease; ends once the bulkhead is gone and one last try has been made.
-async fn run(outbox: Arc<Outbox>, mut connection: ConnectionManager) {
+async fn run(outbox: Arc<Outbox>, mut connection: Connection) {
     let period = outbox.renew_period();
     let mut next_renewal = period.map(|period| Instant::now() + period);
     let mut retry_at: Option<Instant> = None;
