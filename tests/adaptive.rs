@@ -380,34 +380,6 @@ fn capacity_is_not_dragged_by_calls_that_did_no_work() {
 }
 
 #[test]
-fn a_probe_measures_only_the_calls_admitted_under_it() {
-    let mut capacity = Capacity::default();
-    let mut limit = 20;
-    let mut now = Duration::ZERO;
-    // A call a millisecond, every one queued (15 ms), until the first
-    // probe lowers the limit.
-    while limit == 20 {
-        now += MS;
-        limit = capacity.update(&Sample::new(15 * MS, 20, false, now), limit);
-    }
-    assert!(limit < 20, "a probe");
-    let probe_started = now;
-    // In the probe's window, the calls admitted before it end first, still
-    // queued; those admitted under the lower limit take 10 ms.
-    while limit < 20 {
-        now += MS;
-        let latency = if now < probe_started + 15 * MS {
-            15 * MS
-        } else {
-            10 * MS
-        };
-        limit = capacity.update(&Sample::new(latency, limit, false, now), limit);
-    }
-    // Its window's latency, the baseline now, is theirs alone.
-    assert_eq!(capacity.baseline(), Some(10 * MS));
-}
-
-#[test]
 fn capacity_holds_its_limit_while_few_calls_are_in_flight() {
     let mut capacity = Capacity::default();
     let mut limit = 50;

@@ -44,15 +44,13 @@ use std::time::Duration;
 ///   queued: the baseline is taken afresh. (One is not enough: a cut made
 ///   on a window that a change of capacity fell in halfway measured a
 ///   throughput between the old and the new.) And now and then the limit
-///   is lowered by a quarter for one window, so that a baseline measured
+///   is lowered by a quarter for two windows, so that a baseline measured
 ///   while calls queued is found out: after 3 s, then twice as long after
-///   each probe that finds nothing new, up to 10 s. The probe's window
-///   measures only the calls admitted in it, under its lower limit. At
-///   start, while each probe finds latency falling with the limit (the
-///   limit began well over capacity), the next comes soon and goes a
-///   quarter deeper. A probe costs a few percent of throughput for its
-///   window, where a re-measure that drops the limit to a floor sheds a
-///   burst.
+///   each probe that finds nothing new, up to 10 s. At start, while each
+///   probe finds latency falling with the limit (the limit began well over
+///   capacity), the next comes soon and goes a quarter deeper. A probe
+///   costs a few percent of throughput for its two windows, where a
+///   re-measure that drops the limit to a floor sheds a burst.
 ///
 /// ```
 /// use std::time::Duration;
@@ -108,7 +106,7 @@ pub struct Capacity {
     probing: Option<Probe>,
 }
 
-/// A probe below the limit: a window with fewer calls in flight, to
+/// A probe below the limit: a few windows with fewer calls in flight, to
 /// measure latency without queueing.
 #[derive(Clone, Copy, Debug)]
 struct Probe {
@@ -116,6 +114,7 @@ struct Probe {
     restore: usize,
     /// The share of it the probe keeps.
     lowered: f64,
+    windows_left: u8,
     /// The baseline before it, to tell whether it found a lower one.
     baseline_before: Option<Duration>,
     /// The latency of the window before it, at the limit it lowered.
@@ -279,20 +278,28 @@ impl Capacity {
         self.probing = Some(Probe {
             restore: limit,
             lowered,
+            windows_left: 2,
             baseline_before: self.baseline,
             latency_before: latency,
         });
         Some((limit as f64 * lowered) as usize)
     }
 
-    /// The window of `probe` ended, its latency added to the history: the
-    /// limit goes back to where it was, for the rules to move on from the
-    /// next window. A probe that
+    /// A window of `probe` ended: the limit stays down for its windows,
+    /// which add their latencies to the history, then goes back to where
+    /// it was, for the rules to move on from the next window. A probe that
     /// found latency falling with the limit is followed by another soon (at
     /// start, a quarter deeper: the limit may have begun well over
     /// capacity); one that found nothing lower waits twice as long for the
     /// next, up to 10 s.
     fn go_on_probing(&mut self, probe: Probe, limit: usize) -> usize {
+        if probe.windows_left > 1 {
+            self.probing = Some(Probe {
+                windows_left: probe.windows_left - 1,
+                ..probe
+            });
+            return limit;
+        }
         // Whether the baseline fell; and whether latency fell by about as
         // much as the limit: then the probe still queued (at start, go
         // deeper), else it found the latency without a queue.
@@ -360,15 +367,8 @@ impl Algorithm for Capacity {
             self.started = Some(sample.now);
         }
         let started = *self.started.get_or_insert(sample.now);
-        // A probe measures the calls admitted under its lower limit: one
-        // that started before the probe's window queued under the limit
-        // before it, and tells nothing of the latency without a queue.
-        let queued_before_probe =
-            self.probing.is_some() && sample.now.saturating_sub(sample.latency) < started;
         if sample.dropped {
             self.drops += 1;
-        } else if queued_before_probe {
-            self.served += 1;
         } else {
             // Past `MAX_KEPT`, the latest replace the earliest.
             if self.latencies.len() < MAX_KEPT {
