@@ -215,6 +215,77 @@ async fn a_dropped_permit_gives_the_lease_back() {
     assert_eq!((ceiling.held(), bulkhead.in_flight()), (0, 0));
 }
 
+#[test]
+fn a_leaked_permit_s_lease_goes_back_with_its_slot() {
+    let ceiling = InMemory::new(1_000);
+    let clock = tower_inflight::ManualClock::new();
+    let bulkhead = Bulkhead::new(
+        Config::new(1, Duration::from_secs(1))
+            .clock(clock.clone())
+            .ceiling(ceiling.clone()),
+    );
+    // Each leaked permit's slot is reclaimed by the next claim; its lease
+    // goes back with it, or the ceiling would fill with leases no one holds.
+    for _ in 0..100 {
+        std::mem::forget(bulkhead.try_acquire().unwrap());
+        clock.advance(Duration::from_secs(2));
+    }
+    let permit = bulkhead.try_acquire().unwrap();
+    assert_eq!(ceiling.held(), 1, "the leases of the leaked permits");
+    drop(permit);
+    assert_eq!(ceiling.held(), 0);
+
+    // And a reset frees a leaked permit's lease with its slot.
+    std::mem::forget(bulkhead.try_acquire().unwrap());
+    assert_eq!(ceiling.held(), 1);
+    bulkhead.reset();
+    assert_eq!(ceiling.held(), 0);
+    assert_eq!(bulkhead.in_flight(), 0);
+}
+
+#[test]
+fn a_ceiling_whose_code_panics_leaves_the_slots_right() {
+    /// Panics in `try_acquire` while `fail` is set; its lease panics when
+    /// dropped.
+    struct Panicking {
+        fail: AtomicBool,
+    }
+    struct Bomb;
+    impl Lease for Bomb {}
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            panic!("the ceiling's lease panics");
+        }
+    }
+    impl Ceiling for Panicking {
+        type Lease = Bomb;
+        async fn acquire(&self, _: Option<Instant>) -> Result<Bomb, Refused> {
+            Ok(Bomb)
+        }
+        fn try_acquire(&self) -> Result<Bomb, Refused> {
+            if self.fail.load(Ordering::SeqCst) {
+                panic!("the ceiling's try_acquire panics");
+            }
+            Ok(Bomb)
+        }
+    }
+    let ceiling = Arc::new(Panicking {
+        fail: AtomicBool::new(true),
+    });
+    let bulkhead = Bulkhead::new(Config::new(1, LONG).ceiling(ceiling.clone()));
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        bulkhead.try_acquire().map(drop)
+    }));
+    assert!(panicked.is_err());
+    assert_eq!(bulkhead.in_flight(), 0, "the slot came back");
+
+    ceiling.fail.store(false, Ordering::SeqCst);
+    let permit = bulkhead.try_acquire().unwrap();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(permit)));
+    assert!(panicked.is_err());
+    assert_eq!(bulkhead.in_flight(), 0, "the slot came back");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_caller_with_a_wait_budget_asks_until_it_runs_out() {
     let ceiling = InMemory::new(1);

@@ -90,6 +90,21 @@ fn a_key_s_own_shed_says_so_and_the_ceiling_s_does_not() {
     assert!(!by_ceiling.to_string().contains("per key"), "{by_ceiling}");
 }
 
+#[test]
+fn too_many_keys_is_the_keyed_bulkhead_s_refusal_not_a_key_s() {
+    for ceiling in [None, Some(Config::new(8, LONG))] {
+        let mut config = KeyedConfig::new(Config::new(1, LONG)).max_keys(1);
+        if let Some(ceiling) = ceiling {
+            config = config.ceiling(ceiling);
+        }
+        let keyed = KeyedBulkhead::new(config);
+        let _a = keyed.try_acquire(&"a").unwrap();
+        let shed = keyed.try_acquire(&"b").unwrap_err();
+        assert_eq!(shed.reason(), ShedReason::TooManyKeys);
+        assert!(!shed.is_per_key(), "{shed}");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_key_s_wait_that_runs_out_is_the_key_s_shed() {
     let wait = Duration::from_millis(10);

@@ -506,6 +506,7 @@ impl Bulkhead {
     /// lost to killed callers when `reclaim_after` is long.
     pub fn reset(&self) {
         self.shared.slots.reset();
+        self.shared.give_back_freed_leases();
         if let Some(leases) = self.shared.leases() {
             leases.ceiling().reset();
         }

@@ -63,6 +63,21 @@ impl Leases {
         drop(lease);
     }
 
+    /// Gives back the leases of claims that `holds` says are gone: freed by
+    /// a sweep or a reset, whose permits, leaked, will never give them back.
+    pub(crate) fn give_back_freed(&self, holds: impl Fn(usize, u64) -> bool) {
+        let mut held = self.lock();
+        let gone: Vec<_> = held
+            .keys()
+            .copied()
+            .filter(|&(index, word)| !holds(index, word))
+            .collect();
+        let freed: Vec<HeldLease> = gone.iter().filter_map(|key| held.remove(key)).collect();
+        drop(held);
+        // Dropped out of the lock: giving them back is the ceiling's code.
+        drop(freed);
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(usize, u64), HeldLease>> {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }

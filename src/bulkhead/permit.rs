@@ -340,6 +340,8 @@ impl Granted {
         let now = shared.now();
         if self.lease.as_ref().is_some_and(|lease| lease.lapsed()) {
             self.claim = None;
+            // The lease first, then the slots, as every permit gives them.
+            drop(self.lease.take());
             shared.give_back_unused(&claim);
             return Err(shared.saturated_at(ShedReason::ClusterLimit, now));
         }

@@ -168,7 +168,11 @@ impl Shared {
         claim: Claim,
         now: u64,
     ) -> Result<Claim, ServiceSaturated> {
-        match leases.try_acquire() {
+        // The slots go back if the ceiling's code panics.
+        let unwinding = OnUnwind::new(|| self.give_back_unused(&claim));
+        let answer = leases.try_acquire();
+        unwinding.disarm();
+        match answer {
             Ok(Some(lease)) => Ok(leases.hold(claim, lease)),
             Ok(None) => Ok(claim),
             Err(reason) => {
@@ -357,9 +361,18 @@ impl Shared {
     pub(crate) fn report_reclaimed(&self) {
         let reclaimed = self.slots.take_reclaimed();
         if reclaimed > 0 {
+            self.give_back_freed_leases();
             self.waiters.after_release(&self.slots, &self.clock);
             self.observer.reclaimed_with_events(reclaimed);
             self.observer.bytes(|| self.slots.bytes_reserved());
+        }
+    }
+
+    /// Gives back the leases of claims that a sweep or a reset freed: their
+    /// permits were leaked, and will never give them back.
+    pub(crate) fn give_back_freed_leases(&self) {
+        if let Some(leases) = &self.leases {
+            leases.give_back_freed(|index, word| self.slots.still_holds(index, word));
         }
     }
 
@@ -368,7 +381,14 @@ impl Shared {
     #[inline(always)]
     pub(crate) fn release_permit(&self, claim: &Claim) -> bool {
         if claim.holds_more() {
+            // The slots go back if the lease's drop (the ceiling's code)
+            // panics.
+            let unwinding = OnUnwind::new(|| {
+                self.slots.release(claim);
+                self.waiters.after_release(&self.slots, &self.clock);
+            });
             self.give_back_lease(claim);
+            unwinding.disarm();
         }
         let released = self.slots.release(claim) > 0;
         if released {
@@ -466,7 +486,12 @@ impl Shared {
     /// were given back then, and this frees nothing.
     pub(crate) fn give_back_unused(&self, claim: &Claim) {
         if claim.holds_more() {
+            let unwinding = OnUnwind::new(|| {
+                self.slots.release(claim);
+                self.waiters.after_release(&self.slots, &self.clock);
+            });
             self.give_back_lease(claim);
+            unwinding.disarm();
         }
         self.slots.release(claim);
         self.waiters.after_release(&self.slots, &self.clock);
@@ -642,6 +667,31 @@ impl Shared {
     #[inline]
     pub(crate) fn now(&self) -> u64 {
         self.clock.now()
+    }
+}
+
+/// Runs its step if dropped before it is disarmed: a step that must happen
+/// even if a ceiling's code (a user's) panics before it.
+struct OnUnwind<F: FnMut()> {
+    step: F,
+    armed: bool,
+}
+
+impl<F: FnMut()> OnUnwind<F> {
+    fn new(step: F) -> Self {
+        Self { step, armed: true }
+    }
+
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl<F: FnMut()> Drop for OnUnwind<F> {
+    fn drop(&mut self) {
+        if self.armed {
+            (self.step)();
+        }
     }
 }
 

@@ -137,7 +137,12 @@ pub trait Ceiling: Send + Sync + 'static {
     ///
     /// The future is dropped if the caller goes away, or its bulkhead is
     /// closed or its waiting callers cancelled: a place the store may have
-    /// granted by then must be given back.
+    /// granted by then must be given back. Nothing else times it: a store
+    /// across the network bounds its own round trip (as the Redis ceiling
+    /// does with its `timeout`).
+    ///
+    /// A lease that is never given back (its permit leaked) is dropped
+    /// when the bulkhead reclaims the permit's slots, or at a `reset`.
     fn acquire(
         &self,
         deadline: Option<Instant>,

@@ -583,7 +583,16 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         // there is one: no key has a bulkhead to record it.
         match &self.inner.ceiling {
             Some(ceiling) => ceiling.shed_now(ShedReason::TooManyKeys),
-            None => self.unrecorded(ShedReason::TooManyKeys),
+            // The keyed bulkhead's own refusal, not a key's.
+            None => {
+                let per_key = &self.inner.per_key;
+                ServiceSaturated::new(
+                    per_key.name.clone(),
+                    per_key.limit,
+                    ShedReason::TooManyKeys,
+                    per_key.retry_after,
+                )
+            }
         }
     }
 

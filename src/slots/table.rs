@@ -289,6 +289,12 @@ impl SlotTable {
             && self.ledger.entry(claim.index()).load(Ordering::SeqCst) == claim.word()
     }
 
+    /// Whether entry `index` still holds `word`: the claim that wrote it
+    /// has been neither released nor freed by a sweep or a reset.
+    pub(crate) fn still_holds(&self, index: usize, word: u64) -> bool {
+        self.ledger.entry(index).load(Ordering::SeqCst) == word
+    }
+
     /// Whether entry `index` is free: for tests.
     #[cfg(any(test, feature = "test-util"))]
     pub(crate) fn is_released(&self, index: usize) -> bool {
