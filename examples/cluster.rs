@@ -22,6 +22,20 @@
 //! bulkhead lets them, waiting up to a second for a slot. The dependency
 //! counts the calls inside its route at once, and how long each took.
 //!
+//! `--replicas-start-late` runs something else: replicas offered the same
+//! load above a ceiling of 8 (`--fleet-ceiling`), the last started a second
+//! late (`--late-ms`, `--late` of them), and prints each one's share of the
+//! calls served from a second after the last start, and its lowest and
+//! highest share over any 2 s, over its fair share (1.00: fair). Options:
+//! `--replicas N` (4), `--workers N` (8 a replica), `--wait-ms N` (0: no
+//! wait budget), `--light-workers N` (the first replica's workers),
+//! `--weights 2,1,1` (one a replica), `--seconds S` (4, after the late
+//! start), `--json`. `tests/cluster_shares.rs` runs it.
+//!
+//! ```text
+//! cargo run --release --example cluster --features redis -- --replicas-start-late
+//! ```
+//!
 //! The same binary is the replica (`--node ...`) and a replica that takes
 //! leases and hangs until it is killed (`--hold N ...`, for the tests).
 
