@@ -449,6 +449,8 @@ fn bad_settings_are_refused_naming_the_field() {
             "cluster_ceiling.timeout",
         ),
         (ceiling().backoff(Duration::MAX), "cluster_ceiling.backoff"),
+        (ceiling().weight(0), "cluster_ceiling.weight"),
+        (ceiling().weight(u32::MAX), "cluster_ceiling.weight"),
         (
             ceiling().when_unreachable(WhenUnreachable::LocalLimit(0)),
             "cluster_ceiling.when_unreachable",
@@ -459,6 +461,7 @@ fn bad_settings_are_refused_naming_the_field() {
     }
     // Built without a runtime or a server: the connection is made on first use.
     assert!(Bulkhead::try_new(Config::new(4, LONG).cluster_ceiling(ceiling())).is_ok());
+    assert!(Bulkhead::try_new(Config::new(4, LONG).cluster_ceiling(ceiling().weight(3))).is_ok());
     assert!(format!("{:?}", ceiling()).contains("\"db\""));
 }
 
