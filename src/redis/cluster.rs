@@ -23,8 +23,10 @@ const LONGEST_PAUSE: Duration = Duration::from_millis(8);
 /// How long a replica refused a lease counts as asking: places are kept
 /// free for it, if it holds fewer than its share, until it asks again or
 /// this long has passed. Longer than the longest pause with a round trip
-/// or two, so that a replica whose callers wait keeps its turn.
+/// or two, so that a replica whose callers wait keeps its turn; with a
+/// slower round trip, two of them and the longest pause, up to `LONGEST_ASKING`.
 const ASKING: Duration = Duration::from_millis(25);
+const LONGEST_ASKING: Duration = Duration::from_secs(1);
 
 /// A bulkhead's cluster ceiling, with its connection and its counts.
 pub(super) struct Cluster {
@@ -334,7 +336,7 @@ impl Cluster {
             .arg(outbox.lease_ms)
             .arg(&outbox.replica)
             .arg(self.ceiling().weight)
-            .arg(ASKING.as_millis() as u64)
+            .arg(self.asking_window().as_millis() as u64)
             .arg(token);
         for token in releasing.tokens() {
             script.arg(token);
@@ -347,6 +349,14 @@ impl Cluster {
             earliest_ends_in: reply.3,
             released: reply.4,
         })
+    }
+
+    /// How long after a refusal this replica counts as waiting: see
+    /// [`ASKING`].
+    fn asking_window(&self) -> Duration {
+        let round_trip =
+            Duration::from_micros(self.counts.round_trip_micros.load(Ordering::Relaxed));
+        (round_trip * 2 + LONGEST_PAUSE).clamp(ASKING, LONGEST_ASKING)
     }
 
     fn granted(&self, token: String, asked: Instant) -> Lease {

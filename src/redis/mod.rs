@@ -51,8 +51,9 @@
 //! to its [`weight`](ClusterCeiling::weight) (1 by default). Each bulkhead
 //! has a random id, the first 16 characters of its tokens, and beside the
 //! leases the script keeps, under the same hash tag, how many leases each
-//! replica holds and which replicas were refused in the last 25 ms (since
-//! when, and their weights). A free place is kept for each waiting replica
+//! replica holds and which replicas were refused in the last 25 ms (or
+//! two of their round trips and 8 ms, if longer; since when, and their
+//! weights). A free place is kept for each waiting replica
 //! ahead of the one asking: one with fewer leases for its weight, or as
 //! few and waiting since earlier. The one asking is admitted only if more
 //! places are free than replicas ahead of it. So a place freed by a

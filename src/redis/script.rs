@@ -12,10 +12,11 @@ use std::sync::LazyLock;
 /// milliseconds of the server's clock). `KEYS[2]`: a hash, replica to the
 /// leases it holds. `KEYS[3]`: the replicas waiting, a sorted set, replica
 /// to when it was first refused since its last grant. `KEYS[4]`: a hash,
-/// replica to when it was last refused, and `replica:w` to its weight.
-/// `ARGV`: the limit, the lease in milliseconds, the replica's id, its
-/// weight, how long a refused replica counts as waiting (milliseconds), the
-/// token, then the tokens of leases this replica is giving back.
+/// replica to until when it counts as waiting (its last refusal and the
+/// window it asked for), and `replica:w` to its weight. `ARGV`: the limit,
+/// the lease in milliseconds, the replica's id, its weight, how long after
+/// a refusal it counts as waiting (milliseconds), the token, then the
+/// tokens of leases this replica is giving back.
 ///
 /// Removes the leases given back first (so that a caller's next call does not
 /// find its own last lease still held), then, if the limit is reached,
@@ -91,7 +92,7 @@ if waiters > 0 then
         local other = waiting[i]
         if other ~= id then
             local seen = redis.call('HMGET', KEYS[4], other, other .. ':w')
-            if not seen[1] or tonumber(seen[1]) < now - asking then
+            if not seen[1] or tonumber(seen[1]) < now then
                 -- Refused long ago: no longer asking.
                 redis.call('ZREM', KEYS[3], other)
                 redis.call('HDEL', KEYS[4], other, other .. ':w')
@@ -123,7 +124,7 @@ if free > ahead then
     return {1, held + 1, reclaimed, 0, released}
 end
 redis.call('ZADD', KEYS[3], 'NX', now, id)
-redis.call('HSET', KEYS[4], id, now, id .. ':w', weight)
+redis.call('HSET', KEYS[4], id, now + asking, id .. ':w', weight)
 for k = 3, 4 do
     if redis.call('PTTL', KEYS[k]) < 2 * lease then
         redis.call('PEXPIRE', KEYS[k], 2 * lease)
