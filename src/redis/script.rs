@@ -88,18 +88,28 @@ if waiters > 0 then
     local mine = tonumber(redis.call('HGET', KEYS[2], id) or '0')
     local since = tonumber(redis.call('ZSCORE', KEYS[3], id) or (now + 1))
     local waiting = redis.call('ZRANGE', KEYS[3], 0, -1, 'WITHSCORES')
+    -- Three commands for all of them: their windows and weights, and
+    -- their leases.
+    local ids, fields = {}, {}
     for i = 1, #waiting, 2 do
-        local other = waiting[i]
+        ids[#ids + 1] = waiting[i]
+        fields[#fields + 1] = waiting[i]
+        fields[#fields + 1] = waiting[i] .. ':w'
+    end
+    local seen = redis.call('HMGET', KEYS[4], unpack(fields))
+    local holds = redis.call('HMGET', KEYS[2], unpack(ids))
+    for j, other in ipairs(ids) do
+        local i = 2 * j - 1
         if other ~= id then
-            local seen = redis.call('HMGET', KEYS[4], other, other .. ':w')
-            if not seen[1] or tonumber(seen[1]) < now then
+            local until_ = seen[i]
+            if not until_ or tonumber(until_) < now then
                 -- Refused long ago: no longer asking.
                 redis.call('ZREM', KEYS[3], other)
                 redis.call('HDEL', KEYS[4], other, other .. ':w')
             else
-                local theirs = tonumber(redis.call('HGET', KEYS[2], other) or '0')
+                local theirs = tonumber(holds[j] or '0')
                 local a = theirs * weight
-                local b = mine * tonumber(seen[2] or '1')
+                local b = mine * tonumber(seen[i + 1] or '1')
                 local their_since = tonumber(waiting[i + 1])
                 if a < b or (a == b and (their_since < since or (their_since == since and other < id))) then
                     ahead = ahead + 1
