@@ -4,8 +4,7 @@
 //! * `round_trip/redis_ping`: a `PING` on the same kind of connection (a
 //!   `ConnectionManager`): the floor any lease pays.
 //! * `round_trip/acquire_release`: `acquire()` through a bulkhead with a
-//!   cluster ceiling (one script: drop expired leases, count, keep places
-//!   for replicas waiting under their shares, add), then the
+//!   cluster ceiling (one script: drop expired leases, count, add), then the
 //!   permit dropped (its `ZREM` sent in the background, in batches).
 //! * `local_shed/cluster_ceiling`: `acquire()` on a bulkhead whose own slot
 //!   is held: shed by the local limit, with no round trip. Beside it,

@@ -449,8 +449,6 @@ fn bad_settings_are_refused_naming_the_field() {
             "cluster_ceiling.timeout",
         ),
         (ceiling().backoff(Duration::MAX), "cluster_ceiling.backoff"),
-        (ceiling().weight(0), "cluster_ceiling.weight"),
-        (ceiling().weight(u32::MAX), "cluster_ceiling.weight"),
         (
             ceiling().when_unreachable(WhenUnreachable::LocalLimit(0)),
             "cluster_ceiling.when_unreachable",
@@ -461,7 +459,6 @@ fn bad_settings_are_refused_naming_the_field() {
     }
     // Built without a runtime or a server: the connection is made on first use.
     assert!(Bulkhead::try_new(Config::new(4, LONG).cluster_ceiling(ceiling())).is_ok());
-    assert!(Bulkhead::try_new(Config::new(4, LONG).cluster_ceiling(ceiling().weight(3))).is_ok());
     assert!(format!("{:?}", ceiling()).contains("\"db\""));
 }
 
@@ -1206,57 +1203,4 @@ async fn adaptive_limits_move_per_process_under_the_fleet_s_ceiling() {
     assert_eq!(leases(&server, "adaptive").await, 4);
     drop(held);
     until_leases(&server, "adaptive", 0).await;
-}
-
-/// Step `step` was refused by the ceiling.
-fn refused(step: u32, answer: Result<impl Sized, ServiceSaturated>) {
-    match answer {
-        Ok(_) => panic!("step {step}: admitted"),
-        Err(shed) => assert_eq!(shed.reason(), ShedReason::ClusterLimit, "step {step}"),
-    }
-}
-
-/// Promise (docs/cluster.md, "Fair shares"): a place freed by a replica
-/// over its share is kept for a replica under it that was refused, even
-/// from the first replica's own next call (which carries the release);
-/// once that replica stops asking, the place goes to whoever asks.
-#[tokio::test]
-async fn a_freed_place_is_kept_for_a_waiting_replica_under_its_share_then_lent() {
-    let server = RedisServer::start();
-    let (a, b) = (
-        bulkhead(&server, "fair", 4, 4),
-        bulkhead(&server, "fair", 4, 4),
-    );
-    let mut held_a = Vec::new();
-    for _ in 0..4 {
-        held_a.push(a.acquire().await.unwrap());
-    }
-    // B asks: the ceiling is full, and B, holding none, waits.
-    refused(1, b.acquire().await);
-    // A's call ends, and A's next call carries its release: the place it
-    // frees is kept for B.
-    drop(held_a.pop());
-    refused(2, a.acquire().await);
-    assert_eq!(leases(&server, "fair").await, 3, "released, kept free");
-    // B stops asking: 25 ms after its refusal, the place is lent.
-    tokio::time::sleep(Duration::from_millis(60)).await;
-    held_a.push(a.acquire().await.unwrap());
-    assert_eq!(leases(&server, "fair").await, 4);
-
-    // B asks again: each place A frees goes to B, until they hold 2 each.
-    let mut held_b = Vec::new();
-    for step in [3, 5] {
-        refused(step, b.acquire().await);
-        drop(held_a.pop());
-        refused(step + 1, a.acquire().await);
-        held_b.push(b.acquire().await.unwrap());
-    }
-    assert_eq!((a.in_flight(), b.in_flight()), (2, 2));
-    // Then B, waiting, holds no fewer than A: A's freed place is A's again.
-    refused(7, b.acquire().await);
-    drop(held_a.pop());
-    held_a.push(a.acquire().await.unwrap());
-    assert_eq!(leases(&server, "fair").await, 4);
-    drop((held_a, held_b));
-    until_leases(&server, "fair", 0).await;
 }

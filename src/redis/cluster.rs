@@ -20,13 +20,6 @@ use tokio::time::Instant;
 /// jittered down by up to half, and never past the earliest lease's end.
 const FIRST_PAUSE: Duration = Duration::from_millis(1);
 const LONGEST_PAUSE: Duration = Duration::from_millis(8);
-/// How long a replica refused a lease counts as asking: places are kept
-/// free for it, if it holds fewer than its share, until it asks again or
-/// this long has passed. Longer than the longest pause with a round trip
-/// or two, so that a replica whose callers wait keeps its turn; with a
-/// slower round trip, two of them and the longest pause, up to `LONGEST_ASKING`.
-const ASKING: Duration = Duration::from_millis(25);
-const LONGEST_ASKING: Duration = Duration::from_secs(1);
 
 /// A bulkhead's cluster ceiling, with its connection and its counts.
 pub(super) struct Cluster {
@@ -141,7 +134,7 @@ impl Cluster {
             // release never takes anyone else's lease.
             let asking = Unanswered {
                 outbox: &self.outbox,
-                token: Some(new_token(&self.outbox.replica)),
+                token: Some(new_token()),
             };
             // The releases pending that no command carries, and the newest
             // (this replica's last among them): removed before this request
@@ -326,17 +319,10 @@ impl Cluster {
         releasing: &Carried<'_>,
     ) -> Result<Reply, ::redis::RedisError> {
         let mut connection = self.outbox.connection()?;
-        let outbox = &self.outbox;
-        let mut script = ACQUIRE.key(&outbox.key);
+        let mut script = ACQUIRE.key(&self.outbox.key);
         script
-            .key(&outbox.held_key)
-            .key(&outbox.waiting_key)
-            .key(&outbox.asking_key)
             .arg(self.ceiling().limit)
-            .arg(outbox.lease_ms)
-            .arg(&outbox.replica)
-            .arg(self.ceiling().weight)
-            .arg(self.asking_window().as_millis() as u64)
+            .arg(self.outbox.lease_ms)
             .arg(token);
         for token in releasing.tokens() {
             script.arg(token);
@@ -349,14 +335,6 @@ impl Cluster {
             earliest_ends_in: reply.3,
             released: reply.4,
         })
-    }
-
-    /// How long after a refusal this replica counts as waiting: see
-    /// [`ASKING`].
-    fn asking_window(&self) -> Duration {
-        let round_trip =
-            Duration::from_micros(self.counts.round_trip_micros.load(Ordering::Relaxed));
-        (round_trip * 2 + LONGEST_PAUSE).clamp(ASKING, LONGEST_ASKING)
     }
 
     fn granted(&self, token: String, asked: Instant) -> Lease {
@@ -506,21 +484,14 @@ struct Reply {
     released: Vec<u8>,
 }
 
-/// An id for a bulkhead among the replicas sharing its ceiling: 64 bits
-/// from a randomly keyed hasher over a per-process count and the process.
-pub(super) fn new_replica_id() -> String {
+/// A token no other permit, in any process, will hold: 128 bits from a
+/// randomly keyed hasher over a per-process count.
+fn new_token() -> String {
     let n = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
-    let id = token_keys().hash_one((n, std::process::id(), 0u8));
-    format!("{id:016x}")
-}
-
-/// A token no other permit, in any process, will hold: the replica's id
-/// (so the script knows whose lease it is), then 64 bits from a randomly
-/// keyed hasher over a per-process count.
-fn new_token(replica: &str) -> String {
-    let n = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
-    let low = token_keys().hash_one((n, 1u8));
-    format!("{replica}{low:016x}")
+    let keys = token_keys();
+    let high = keys.hash_one((n, std::process::id(), 0u8));
+    let low = keys.hash_one((n, 1u8));
+    format!("{high:016x}{low:016x}")
 }
 
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(0);
@@ -587,15 +558,9 @@ mod tests {
 
     #[test]
     fn tokens_do_not_repeat() {
-        let replica = new_replica_id();
-        assert_eq!(replica.len(), 16);
-        assert_ne!(replica, new_replica_id());
-        let tokens: std::collections::HashSet<String> =
-            (0..10_000).map(|_| new_token(&replica)).collect();
+        let tokens: std::collections::HashSet<String> = (0..10_000).map(|_| new_token()).collect();
         assert_eq!(tokens.len(), 10_000);
-        assert!(tokens
-            .iter()
-            .all(|token| token.len() == 32 && token.starts_with(&replica)));
+        assert!(tokens.iter().all(|token| token.len() == 32));
     }
 
     #[test]

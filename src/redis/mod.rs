@@ -20,9 +20,7 @@
 //! 1. The local bulkhead first: a full process sheds (or waits) as ever,
 //!    without a round trip.
 //! 2. Then a lease: one script on Redis drops the leases that have run out,
-//!    and adds this call's if fewer than the ceiling are held and no
-//!    replica further under its share is waiting for the place (see
-//!    [below](#fair-shares)). A refused
+//!    and adds this call's if fewer than the ceiling are held. A refused
 //!    lease gives the local slot back (both or neither), and the call is
 //!    shed with [`ShedReason::ClusterLimit`](crate::ShedReason::ClusterLimit),
 //!    or, with a `wait` budget, asks again within it, holding its local slot
@@ -44,32 +42,6 @@
 //! killed, a network split) runs out after [`ClusterCeiling::lease`] and is
 //! reclaimed by the next caller that asks. A release removes only its own
 //! token: a late one never frees anyone else's lease.
-//!
-//! # Fair shares
-//!
-//! Replicas asking for more than the ceiling share it, each in proportion
-//! to its [`weight`](ClusterCeiling::weight) (1 by default). Each bulkhead
-//! has a random id, the first 16 characters of its tokens, and beside the
-//! leases the script keeps, under the same hash tag, how many leases each
-//! replica holds and which replicas were refused in the last 25 ms (or
-//! two of their round trips and 8 ms, if longer; since when, and their
-//! weights). A free place is kept for each waiting replica
-//! ahead of the one asking: one with fewer leases for its weight, or as
-//! few and waiting since earlier. The one asking is admitted only if more
-//! places are free than replicas ahead of it. So a place freed by a
-//! replica over its share goes to the replica furthest under its own on
-//! its next ask, a replica that starts late (or comes back after an
-//! outage) holds none and is first in line, and a replica that asks for
-//! less than its share leaves the rest to the others: a place is kept
-//! only for a replica that was refused, and for 25 ms after its last
-//! refusal at most.
-//!
-//! Nothing else changes: a lease is still granted only while fewer than
-//! the ceiling are held, a release removes only its own token, and a killed
-//! replica's leases come back after the lease. The cost is a few more
-//! commands in the script (a count per replica, a look at the waiting
-//! replicas, usually none), and a place left free between its release and
-//! the next ask of the replica it is kept for.
 //!
 //! # When Redis is slow or away
 //!

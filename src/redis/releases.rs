@@ -65,15 +65,6 @@ pub(super) struct Outbox {
     pub(super) ceiling: crate::redis::ClusterCeiling,
     /// The sorted set of leases.
     pub(super) key: String,
-    /// Beside it, under the same hash tag: the leases each replica holds,
-    /// the replicas waiting, and when each was last refused (with its
-    /// weight): what the script shares the ceiling by.
-    pub(super) held_key: String,
-    pub(super) waiting_key: String,
-    pub(super) asking_key: String,
-    /// This bulkhead's id among the replicas sharing the ceiling: 16 hex
-    /// digits, the first 16 characters of each of its tokens.
-    pub(super) replica: String,
     /// The lease, in milliseconds of the Redis server's clock.
     pub(super) lease_ms: u64,
     /// Releases not yet answered, oldest first.
@@ -183,13 +174,8 @@ impl Outbox {
         lease_ms: u64,
         counts: Arc<Counts>,
     ) -> Self {
-        let key = ceiling.key();
         Self {
-            held_key: format!("{key}:held"),
-            waiting_key: format!("{key}:waiting"),
-            asking_key: format!("{key}:asking"),
-            key,
-            replica: crate::redis::cluster::new_replica_id(),
+            key: ceiling.key(),
             lease_ms,
             ceiling,
             pending: Mutex::default(),
@@ -374,7 +360,6 @@ impl Outbox {
     async fn send(&self, connection: &mut Connection) -> bool {
         for carried in self.all() {
             let mut release = RELEASE.key(&self.key);
-            release.key(&self.held_key);
             for token in carried.tokens() {
                 release.arg(token);
             }
@@ -399,7 +384,6 @@ impl Outbox {
     async fn renew_all(&self, connection: &mut Connection) {
         for tokens in self.to_renew().chunks(BATCH) {
             let mut renew = RENEW.key(&self.key);
-            renew.key(&self.held_key);
             renew.arg(self.lease_ms).arg(tokens);
             let renewed =
                 tokio::time::timeout(self.ceiling.timeout, renew.invoke_async::<u64>(connection));
