@@ -7,8 +7,7 @@
 //! cluster's connection follows `MOVED` and `ASK` and refreshes its slots;
 //! the Sentinel connection asks the sentinels for the primary again once
 //! the one it had fails (an I/O error, a `READONLY` reply from a primary
-//! demoted to a replica, or a command its caller gave up on after a
-//! timeout).
+//! demoted to a replica, or a command left unanswered past its timeout).
 
 use ::redis::aio::MultiplexedConnection;
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -21,7 +20,6 @@ use ::redis::{AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, Redis
 use ::redis::{ServerErrorKind, Value};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
-use tokio::time::Instant;
 
 /// Where the leases live: what a [`ClusterCeiling`](super::ClusterCeiling)
 /// was built from.
@@ -209,60 +207,31 @@ impl SentinelShared {
 }
 
 /// Whether a command's failure says the connection no longer reaches the
-/// primary: anything but a script missing from the server's cache (which
-/// the script's caller loads and sends again).
+/// primary: it broke or timed out (a primary killed, stalled or cut off),
+/// or the server is a replica now. Other server errors (a script missing
+/// from the cache, an out-of-memory answer) come from the primary itself.
 fn lost_primary(error: &RedisError) -> bool {
-    error.kind() != ErrorKind::Server(ServerErrorKind::NoScript)
+    error.is_io_error()
+        || error.is_timeout()
+        || error.is_connection_dropped()
+        || error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
 }
 
-/// A command on its way on connection `number`: if it is dropped
-/// unanswered after half a timeout or more (its caller's timeout fired,
-/// started a moment before this), the primary is taken as lost, as a
-/// stalled or partitioned one would be; if it fails, so is it, but for a
-/// script missing from the server's cache.
-struct OnItsWay<'a> {
-    shared: &'a SentinelShared,
-    number: u64,
-    sent: Instant,
-    answered: bool,
-}
-
-impl<'a> OnItsWay<'a> {
-    fn new(shared: &'a SentinelShared, number: u64) -> Self {
-        Self {
-            shared,
-            number,
-            sent: Instant::now(),
-            answered: false,
-        }
+/// `answer`, from the primary reached on connection `number`: a failure
+/// that says the primary is lost has the next command ask the sentinels.
+fn checked<T>(shared: &SentinelShared, number: u64, answer: RedisResult<T>) -> RedisResult<T> {
+    if answer.as_ref().is_err_and(lost_primary) {
+        shared.forget(number);
     }
-
-    fn answered<T>(mut self, answer: RedisResult<T>) -> RedisResult<T> {
-        self.answered = true;
-        if let Err(error) = &answer {
-            if lost_primary(error) {
-                self.shared.forget(self.number);
-            }
-        }
-        answer
-    }
-}
-
-impl Drop for OnItsWay<'_> {
-    fn drop(&mut self) {
-        if !self.answered && self.sent.elapsed() >= self.shared.timeout / 2 {
-            self.shared.forget(self.number);
-        }
-    }
+    answer
 }
 
 impl SentinelConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
             let (number, mut connection) = self.shared.primary().await?;
-            let on_its_way = OnItsWay::new(&self.shared, number);
             let answer = connection.req_packed_command(cmd).await;
-            on_its_way.answered(answer)
+            checked(&self.shared, number, answer)
         })
     }
 
@@ -274,11 +243,10 @@ impl SentinelConnection {
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
             let (number, mut connection) = self.shared.primary().await?;
-            let on_its_way = OnItsWay::new(&self.shared, number);
             let answer = connection
                 .req_packed_commands(pipeline, offset, count)
                 .await;
-            on_its_way.answered(answer)
+            checked(&self.shared, number, answer)
         })
     }
 }
