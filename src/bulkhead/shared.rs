@@ -202,7 +202,14 @@ impl Shared {
     #[cold]
     fn give_back_lease(&self, claim: &Claim) {
         if let Some(leases) = &self.leases {
+            // The slots go back if the lease's drop (the ceiling's code)
+            // panics, which skips the caller's release of them.
+            let unwinding = OnUnwind::new(|| {
+                self.slots.release(claim);
+                self.waiters.after_release(&self.slots, &self.clock);
+            });
             leases.give_back(claim);
+            unwinding.disarm();
         }
     }
 
@@ -381,14 +388,7 @@ impl Shared {
     #[inline(always)]
     pub(crate) fn release_permit(&self, claim: &Claim) -> bool {
         if claim.holds_more() {
-            // The slots go back if the lease's drop (the ceiling's code)
-            // panics.
-            let unwinding = OnUnwind::new(|| {
-                self.slots.release(claim);
-                self.waiters.after_release(&self.slots, &self.clock);
-            });
             self.give_back_lease(claim);
-            unwinding.disarm();
         }
         let released = self.slots.release(claim) > 0;
         if released {
@@ -486,12 +486,7 @@ impl Shared {
     /// were given back then, and this frees nothing.
     pub(crate) fn give_back_unused(&self, claim: &Claim) {
         if claim.holds_more() {
-            let unwinding = OnUnwind::new(|| {
-                self.slots.release(claim);
-                self.waiters.after_release(&self.slots, &self.clock);
-            });
             self.give_back_lease(claim);
-            unwinding.disarm();
         }
         self.slots.release(claim);
         self.waiters.after_release(&self.slots, &self.clock);
