@@ -211,18 +211,20 @@ async fn a_lease_never_ends_before_its_lease_has_run() {
 /// carries the same 256 newest releases (`Outbox::newest` hands every
 /// request the same tokens, already carried by others), so Redis runs
 /// 600 × 256 `ZREM`s instead of 600, requests queue behind them past the
-/// default 100 ms timeout, and the replica declares Redis unreachable,
+/// timeout, and the replica declares Redis unreachable,
 /// skips it for the backoff and admits calls without a lease (`FailOpen`).
 #[tokio::test]
 async fn a_burst_on_a_healthy_redis_is_not_taken_for_an_outage() {
     let server = RedisServer::start();
     const CALLERS: usize = 600;
     let bulkhead = Bulkhead::new(
-        Config::new(CALLERS, LONG).cluster_ceiling(ClusterCeiling::new(
-            server.client(),
-            "healthy",
-            CALLERS,
-        )),
+        Config::new(CALLERS, LONG).cluster_ceiling(
+            // Three times the default timeout: on a loaded 2-core machine a
+            // healthy burst's slowest answer has taken over 100 ms; 600
+            // requests each removing 256 tokens take far longer.
+            ClusterCeiling::new(server.client(), "healthy", CALLERS)
+                .timeout(Duration::from_millis(300)),
+        ),
     );
     let mut held = Vec::new();
     for _ in 0..CALLERS {
