@@ -222,7 +222,7 @@ impl Config {
     /// so tests can step past `reclaim_after` without sleeping. The `wait`
     /// budget is unaffected: it is timed by Tokio, whose clock tests pause
     /// with `tokio::time::pause`.
-    #[cfg(feature = "test-util")]
+    #[cfg(any(test, feature = "test-util"))]
     #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     pub fn clock(mut self, clock: ManualClock) -> Self {
         self.clock = Some(clock);

@@ -143,7 +143,7 @@ mod ticket;
 mod tower;
 mod wait;
 
-#[cfg(feature = "test-util")]
+#[cfg(any(test, feature = "test-util"))]
 pub use bulkhead::ManualClock;
 pub use bulkhead::{Acquire, BorrowedPermit, Bulkhead, ByteReservation, DrainTimedOut, Permit};
 pub use config::{Config, ConfigError};

@@ -301,7 +301,7 @@ impl Bulkhead {
     /// Whether slot `index` is released (held by nobody, expired or not):
     /// for tests that model the table.
     #[doc(hidden)]
-    #[cfg(feature = "test-util")]
+    #[cfg(any(test, feature = "test-util"))]
     pub fn slot_is_released(&self, index: usize) -> bool {
         self.shared.slots.is_released(index)
     }
