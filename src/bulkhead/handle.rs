@@ -390,7 +390,7 @@ impl Bulkhead {
             waiting_by_priority,
             saturation_signal: shared
                 .saturation
-                .as_ref()
+                .as_deref()
                 .is_some_and(SaturationSignal::is_raised),
             waits_cut_short: shared
                 .codel

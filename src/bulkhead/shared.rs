@@ -34,11 +34,13 @@ pub(crate) struct Shared {
     pub(super) clock: Clock,
     pub(super) waiters: Waiters,
     pub(super) observer: Observer,
-    pub(super) saturation: Option<SaturationSignal>,
-    pub(super) codel: Option<Codel>,
+    // The settings a bulkhead may not have are boxed, so that one without
+    // them (a keyed bulkhead's key, most often) pays a word for each.
+    pub(super) saturation: Option<Box<SaturationSignal>>,
+    pub(super) codel: Option<Box<Codel>>,
     pub(super) drain: DrainSignal,
     /// The adaptive limit, if the configuration has one.
-    adaptive: Option<AdaptiveLimit>,
+    adaptive: Option<Box<AdaptiveLimit>>,
     /// The ceiling, if the configuration has one, and its leases. Boxed:
     /// a bulkhead without one pays a word.
     leases: Option<Box<Leases>>,
@@ -85,7 +87,7 @@ impl Shared {
         let adaptive = config
             .adaptive
             .as_ref()
-            .map(|adaptive| AdaptiveLimit::new(adaptive, config.limit));
+            .map(|adaptive| Box::new(AdaptiveLimit::new(adaptive, config.limit)));
         #[cfg(feature = "metrics")]
         let slots = slots.with_gauge(observer.in_flight_gauge());
         Ok(Shared {
@@ -93,8 +95,10 @@ impl Shared {
             clock,
             waiters: Waiters::new(config.queue_order.clone()),
             observer,
-            saturation: config.saturation_signal.map(SaturationSignal::new),
-            codel: config.codel.map(Codel::new),
+            saturation: config
+                .saturation_signal
+                .map(|thresholds| Box::new(SaturationSignal::new(thresholds))),
+            codel: config.codel.map(|settings| Box::new(Codel::new(settings))),
             drain: DrainSignal::default(),
             adaptive,
             leases: Leases::new(&config).map(Box::new),
@@ -503,7 +507,7 @@ impl Shared {
     }
 
     pub(crate) fn saturation(&self) -> Option<&SaturationSignal> {
-        self.saturation.as_ref()
+        self.saturation.as_deref()
     }
 
     /// The wait budget of a caller about to park: `wait`, or CoDel's
@@ -620,7 +624,7 @@ impl Shared {
 
     /// The adaptive limit, if the configuration has one.
     pub(crate) fn adaptive(&self) -> Option<&AdaptiveLimit> {
-        self.adaptive.as_ref()
+        self.adaptive.as_deref()
     }
 
     /// A call that started at `started` ended with `outcome`: a sample for

@@ -6,10 +6,10 @@
 //! shedding thread writes, moving between cores on every refusal. So a
 //! thread counts, and clones the name, in a lane of its own: one of up to
 //! 16, each aligned to cache lines of its own (128 bytes) and holding its
-//! own counts and its own copy of the name. A small bulkhead (a key of a
-//! keyed bulkhead, most often) has as many lanes as its limit rounded up to
-//! a power of two: lanes cost memory in every key, and a bulkhead of a
-//! few slots has few calls to spread.
+//! own counts and its own copy of the name. A bulkhead has a lane for
+//! every four slots (a key of a keyed bulkhead, most often, has one): lanes
+//! cost memory in every key, and it sheds only while its slots are held,
+//! so a small bulkhead has few callers shedding at once.
 
 use crate::error::ShedReason;
 use crate::sync::{thread_hash, AtomicU64, Ordering};
@@ -18,6 +18,10 @@ use std::sync::Arc;
 /// The most lanes a bulkhead has: threads beyond this share lanes, which
 /// still splits their writes this many ways.
 const LANES: usize = 16;
+
+/// A lane for every this many slots: a bulkhead sheds only while its
+/// slots are held, so callers of a small one that shed at once are few.
+const SLOTS_A_LANE: usize = 4;
 
 #[derive(Debug)]
 #[repr(align(64))]
@@ -35,7 +39,7 @@ impl Refusals {
     /// The lanes of a bulkhead of `limit` slots, whose refusals carry
     /// `name`.
     pub(crate) fn new(name: Option<&str>, limit: usize) -> Self {
-        let lanes = (0..limit.clamp(1, LANES).next_power_of_two())
+        let lanes = (0..(limit / SLOTS_A_LANE).clamp(1, LANES).next_power_of_two())
             .map(|_| Lane {
                 refused: Default::default(),
                 name: name.map(Arc::from),
