@@ -25,10 +25,11 @@ pub(crate) enum History {
     None,
 }
 
-// Aligned to a cache line so that the `Arc`'s reference counts, which every
-// owned permit writes, share no line with the slot table's pointer and the
-// other fields every claim reads.
-#[repr(align(64))]
+// Not aligned to a cache line: glibc's allocations so aligned cost about
+// twice their size in resident memory while they come and go (as a keyed
+// bulkhead's keys do). The `Arc`'s counts, which every owned permit
+// writes, may share a line with the admission count, which every claim
+// writes too.
 pub(crate) struct Shared {
     pub(super) slots: SlotTable,
     pub(super) clock: Clock,

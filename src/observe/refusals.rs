@@ -5,8 +5,8 @@
 //! and the name's reference count would be two cache lines that every
 //! shedding thread writes, moving between cores on every refusal. So a
 //! thread counts, and clones the name, in a lane of its own: one of up to
-//! 16, each aligned to cache lines of its own (128 bytes) and holding its
-//! own counts and its own copy of the name. A bulkhead has a lane for
+//! 16, each on cache lines of its own and holding its own counts and its
+//! own copy of the name. A bulkhead has a lane for
 //! every four slots (a key of a keyed bulkhead, most often, has one): lanes
 //! cost memory in every key, and it sheds only while its slots are held,
 //! so a small bulkhead has few callers shedding at once.
@@ -23,8 +23,10 @@ const LANES: usize = 16;
 /// slots are held, so callers of a small one that shed at once are few.
 const SLOTS_A_LANE: usize = 4;
 
+/// 96 bytes, aligned to 8 only: an allocation aligned to a cache line
+/// costs glibc twice its size in resident memory once such allocations
+/// come and go (as keys do).
 #[derive(Debug)]
-#[repr(align(64))]
 struct Lane {
     refused: [AtomicU64; ShedReason::COUNT],
     name: Option<Arc<str>>,
@@ -32,6 +34,8 @@ struct Lane {
 
 #[derive(Debug)]
 pub(crate) struct Refusals {
+    /// The lanes in use are every other one, so that two in use are a
+    /// lane (96 bytes, over a cache line) apart and never share a line.
     lanes: Box<[Lane]>,
 }
 
@@ -39,7 +43,8 @@ impl Refusals {
     /// The lanes of a bulkhead of `limit` slots, whose refusals carry
     /// `name`.
     pub(crate) fn new(name: Option<&str>, limit: usize) -> Self {
-        let lanes = (0..(limit / SLOTS_A_LANE).clamp(1, LANES).next_power_of_two())
+        let in_use = (limit / SLOTS_A_LANE).clamp(1, LANES).next_power_of_two();
+        let lanes = (0..2 * in_use - 1)
             .map(|_| Lane {
                 refused: Default::default(),
                 name: name.map(Arc::from),
@@ -51,7 +56,8 @@ impl Refusals {
     /// Counts a refusal for `reason` in this thread's lane, and gives the
     /// lane's copy of the name for the refusal's error.
     pub(crate) fn refuse(&self, reason: ShedReason) -> Option<Arc<str>> {
-        let lane = &self.lanes[this_threads_lane() & (self.lanes.len() - 1)];
+        let in_use = self.lanes.len().div_ceil(2);
+        let lane = &self.lanes[2 * (this_threads_lane() & (in_use - 1))];
         lane.refused[reason.index()].fetch_add(1, Ordering::Relaxed);
         lane.name.clone()
     }
