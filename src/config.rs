@@ -39,10 +39,12 @@ pub struct Config {
     pub(crate) clock: Option<ManualClock>,
     pub(crate) max_bytes: Option<u64>,
     pub(crate) on_event: Option<Hook>,
-    pub(crate) saturation_signal: Option<Thresholds>,
+    // The settings most bulkheads leave out are boxed: a configuration is
+    // copied into every key of a keyed bulkhead.
+    pub(crate) saturation_signal: Option<Box<Thresholds>>,
     pub(crate) queue_order: QueueOrder,
-    pub(crate) codel: Option<CodelSettings>,
-    pub(crate) adaptive: Option<crate::adaptive::Adaptive>,
+    pub(crate) codel: Option<Box<CodelSettings>>,
+    pub(crate) adaptive: Option<Box<crate::adaptive::Adaptive>>,
     pub(crate) ceiling: Option<Arc<dyn Install>>,
 }
 
@@ -146,11 +148,11 @@ impl Config {
         min_waits: u64,
         window: Duration,
     ) -> Self {
-        self.saturation_signal = Some(Thresholds {
+        self.saturation_signal = Some(Box::new(Thresholds {
             expired_ratio,
             min_waits,
             window,
-        });
+        }));
         self
     }
 
@@ -173,7 +175,7 @@ impl Config {
     /// assert!(config.validate().is_ok());
     /// ```
     pub fn codel(mut self, target: Duration, interval: Duration) -> Self {
-        self.codel = Some(CodelSettings { target, interval });
+        self.codel = Some(Box::new(CodelSettings { target, interval }));
         self
     }
 
@@ -195,7 +197,7 @@ impl Config {
     /// assert_eq!(bulkhead.status().max_limit, 200);
     /// ```
     pub fn adaptive(mut self, adaptive: crate::adaptive::Adaptive) -> Self {
-        self.adaptive = Some(adaptive);
+        self.adaptive = Some(Box::new(adaptive));
         self
     }
 
@@ -303,7 +305,7 @@ impl Config {
         if let Some(ceiling) = &self.ceiling {
             ceiling.validate(self)?;
         }
-        if let Some(thresholds) = self.saturation_signal {
+        if let Some(&thresholds) = self.saturation_signal.as_deref() {
             if !(thresholds.expired_ratio > 0.0 && thresholds.expired_ratio <= 1.0) {
                 return Err(ConfigError::new(
                     "saturation_signal",
@@ -321,7 +323,7 @@ impl Config {
                 ));
             }
         }
-        if let Some(codel) = self.codel {
+        if let Some(&codel) = self.codel.as_deref() {
             if codel.target.is_zero() || codel.interval.is_zero() {
                 return Err(ConfigError::new(
                     "codel",

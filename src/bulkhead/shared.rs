@@ -98,8 +98,12 @@ impl Shared {
             observer,
             saturation: config
                 .saturation_signal
-                .map(|thresholds| Box::new(SaturationSignal::new(thresholds))),
-            codel: config.codel.map(|settings| Box::new(Codel::new(settings))),
+                .as_deref()
+                .map(|&thresholds| Box::new(SaturationSignal::new(thresholds))),
+            codel: config
+                .codel
+                .as_deref()
+                .map(|&settings| Box::new(Codel::new(settings))),
             drain: DrainSignal::default(),
             adaptive,
             leases: Leases::new(&config).map(Box::new),
