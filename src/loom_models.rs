@@ -395,6 +395,31 @@ fn loom_a_lowered_limit_racing_claims_and_releases_never_over_admits() {
     });
 }
 
+/// The limit is lowered from 2 to 1 while one slot is held and another
+/// caller claims: the claim is admitted only if it came before the
+/// lowering, so the lowerer, looking right after, sees it held. The model
+/// fails if a claim compares the count with a limit read apart from it:
+/// read before the lowering, it would be admitted after it, over 1.
+#[test]
+fn loom_a_claim_racing_a_lowered_limit_is_admitted_only_before_it() {
+    loom::model(|| {
+        let table = Arc::new(SlotTable::new(2, 1, HOLD, None));
+        let _held = table.try_claim(1, Ordering::Relaxed).unwrap();
+        let lowerer = {
+            let table = table.clone();
+            thread::spawn(move || {
+                table.set_limit(1);
+                table.in_flight()
+            })
+        };
+        let claim = table.try_claim(1, Ordering::Relaxed);
+        let seen_after_lowering = lowerer.join().unwrap();
+        if claim.is_some() {
+            assert_eq!(seen_after_lowering, 2, "admitted over a limit of 1");
+        }
+    });
+}
+
 /// A reset races a claim that sweeps a leaked weighted claim: whichever
 /// frees its entry gives back its whole weight, once, so the count ends
 /// at what the ledger holds.
