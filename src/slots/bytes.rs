@@ -20,7 +20,7 @@ impl SlotTable {
     /// past `reclaim_after` before it was used, and was swept meanwhile,
     /// must never write over the record of the entry's next holder.
     pub(crate) fn reserve_bytes(&self, claim: &Claim, bytes: u64) -> Option<Epoch> {
-        let budget = self.budget.as_ref()?;
+        let budget = self.budget.as_deref()?;
         let epoch = budget.reserve(bytes)?;
         let (entry, record) = (
             self.ledger.entry(claim.index()),
@@ -91,7 +91,7 @@ impl SlotTable {
     }
 
     pub(crate) fn bytes_reserved(&self) -> u64 {
-        self.budget.as_ref().map_or(0, ByteBudget::reserved)
+        self.budget.as_deref().map_or(0, ByteBudget::reserved)
     }
 
     /// After entry `index` was freed from `word` by a sweep or a reset:

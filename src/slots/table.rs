@@ -6,6 +6,7 @@ use crate::slots::ledger::{self, deadline, Ledger, GENERATION_BITS, MAX_DEADLINE
 use crate::slots::{ByteBudget, Claim};
 use crate::sync::{lock, AtomicU64, AtomicUsize, Mutex, Ordering};
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, DefaultHasher};
 
 /// The largest `limit` a bulkhead accepts.
 pub(crate) const MAX_SLOTS: usize = 1 << 20;
@@ -20,18 +21,18 @@ const SAMPLE_MASK: u64 = 63;
 pub(crate) struct SlotTable {
     admission: Admission,
     pub(super) ledger: Ledger,
-    /// The largest limit, the one the ledger is sized for.
-    capacity: usize,
     /// `reclaim_after`, in ticks.
     hold: u64,
-    pub(super) budget: Option<ByteBudget>,
+    pub(super) budget: Option<Box<ByteBudget>>,
     /// The bytes each entry's holder reserved, with a byte budget (see
     /// `bytes`).
     pub(super) records: Box<[AtomicU64]>,
     /// The entry and weight of each claim of more than one slot, which a
     /// sweep or a reset needs to give back their count. Locked by such a
     /// claim from before it writes its entry until it is listed.
-    weighted: Mutex<HashMap<(usize, u64), usize>>,
+    /// Its keys are the table's own, so it hashes them without a random
+    /// seed, which would take 16 bytes in every table.
+    weighted: Mutex<HashMap<(usize, u64), usize, BuildHasherDefault<DefaultHasher>>>,
     /// Calls admitted, ever.
     admitted: AtomicU64,
     /// Slots reclaimed by sweeps and not yet reported (see
@@ -54,11 +55,10 @@ impl SlotTable {
         Self {
             admission: Admission::new(limit),
             ledger,
-            capacity: limit,
             hold,
-            budget: max_bytes.map(ByteBudget::new),
+            budget: max_bytes.map(|max| Box::new(ByteBudget::new(max))),
             records,
-            weighted: Mutex::new(HashMap::new()),
+            weighted: Mutex::default(),
             admitted: AtomicU64::new(0),
             reclaimed: AtomicUsize::new(0),
             #[cfg(feature = "metrics")]
@@ -85,7 +85,8 @@ impl SlotTable {
 
     /// The largest limit: the one the table was made for.
     pub(crate) fn len(&self) -> usize {
-        self.capacity
+        // The ledger is twice the largest limit (see `ledger`).
+        self.ledger.len() / 2
     }
 
     /// The limit in force now.
@@ -97,7 +98,7 @@ impl SlotTable {
     /// room is there for the next claim; lowered, no one is evicted, and
     /// nothing is admitted until the slots held are under it.
     pub(crate) fn set_limit(&self, limit: usize) {
-        self.admission.set_limit(limit.clamp(1, self.capacity));
+        self.admission.set_limit(limit.clamp(1, self.len()));
     }
 
     /// Takes one slot, if one is free under the limit in force (after a

@@ -8,11 +8,10 @@ use std::fmt;
 
 /// Where an entry is in a [`Line`]: given when it is pushed, and by
 /// `peek_next`, to take or remove it.
+/// Its key: its place in line (0 but under an order by priority) and its
+/// rank there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Place {
-    Keyed((i64, u64)),
-    Compared(u64),
-}
+pub(crate) struct Place((i64, u64));
 
 /// The parked callers. The built-in orders are keyed so that the map's
 /// first entry is the next to be served (for `AdaptiveLifo`, the first or
@@ -22,9 +21,8 @@ pub(crate) enum Place {
 pub(crate) struct Line<T> {
     order: QueueOrder,
     next_seq: u64,
+    /// By place in line and rank; a custom order's by arrival alone.
     keyed: BTreeMap<(i64, u64), (WaitingCall, T)>,
-    /// By arrival, for a custom order.
-    compared: BTreeMap<u64, (WaitingCall, T)>,
     /// How many callers of each priority are still waiting: counted in by
     /// `push`, out by `left`.
     depths: BTreeMap<i32, usize>,
@@ -36,7 +34,6 @@ impl<T> Line<T> {
             order,
             next_seq: 0,
             keyed: BTreeMap::new(),
-            compared: BTreeMap::new(),
             depths: BTreeMap::new(),
         }
     }
@@ -63,17 +60,13 @@ impl<T> Line<T> {
         *self.depths.entry(priority).or_default() += 1;
         let newest_first = u64::MAX - seq;
         let key = match self.order {
-            QueueOrder::Fifo | QueueOrder::AdaptiveLifo { .. } => (0, seq),
+            QueueOrder::Fifo | QueueOrder::AdaptiveLifo { .. } | QueueOrder::Custom(_) => (0, seq),
             QueueOrder::Lifo => (0, newest_first),
             QueueOrder::PriorityFifo => (ticket.get_place_in_line(), seq),
             QueueOrder::PriorityLifo => (ticket.get_place_in_line(), newest_first),
-            QueueOrder::Custom(_) => {
-                self.compared.insert(seq, (call, entry));
-                return Place::Compared(seq);
-            }
         };
         self.keyed.insert(key, (call, entry));
-        Place::Keyed(key)
+        Place(key)
     }
 
     /// The next entry to serve, `waiting` being how many are really
@@ -83,9 +76,7 @@ impl<T> Line<T> {
             QueueOrder::AdaptiveLifo { after } if waiting > *after => {
                 self.keyed.last_key_value().map(keyed_place)
             }
-            QueueOrder::Custom(compare) => self
-                .first_compared(compare)
-                .map(|(seq, (_, entry))| (Place::Compared(*seq), entry)),
+            QueueOrder::Custom(compare) => self.first_compared(compare).map(keyed_place),
             _ => self.keyed.first_key_value().map(keyed_place),
         }
     }
@@ -98,20 +89,15 @@ impl<T> Line<T> {
 
     /// Removes the entry at `place`, if it is still there.
     pub(crate) fn remove(&mut self, place: Place) -> Option<T> {
-        match place {
-            Place::Keyed(key) => self.keyed.remove(&key),
-            Place::Compared(seq) => self.compared.remove(&seq),
-        }
-        .map(|(_, entry)| entry)
+        let Place(key) = place;
+        self.keyed.remove(&key).map(|(_, entry)| entry)
     }
 
     /// Moves the entry at `place` to `to` in an order by priority, keeping
     /// its rank among entries of the same place (its arrival); returns
     /// where it is now. An entry no longer there is not put back.
     pub(crate) fn move_to(&mut self, place: Place, to: i64) -> Place {
-        let Place::Keyed((from, rank)) = place else {
-            return place; // a custom order looks at no place
-        };
+        let Place((from, rank)) = place;
         if !matches!(
             self.order,
             QueueOrder::PriorityFifo | QueueOrder::PriorityLifo
@@ -121,7 +107,7 @@ impl<T> Line<T> {
         match self.keyed.remove(&(from, rank)) {
             Some(entry) => {
                 self.keyed.insert((to, rank), entry);
-                Place::Keyed((to, rank))
+                Place((to, rank))
             }
             None => place,
         }
@@ -130,7 +116,7 @@ impl<T> Line<T> {
     /// How many entries the line holds.
     #[cfg(all(test, not(tower_inflight_loom)))]
     pub(crate) fn len(&self) -> usize {
-        self.keyed.len() + self.compared.len()
+        self.keyed.len()
     }
 
     /// Takes the next entry to serve.
@@ -140,8 +126,8 @@ impl<T> Line<T> {
         Some(self.take(place))
     }
 
-    fn first_compared(&self, compare: &Comparator) -> Option<(&u64, &(WaitingCall, T))> {
-        self.compared
+    fn first_compared(&self, compare: &Comparator) -> Option<(&(i64, u64), &(WaitingCall, T))> {
+        self.keyed
             .iter()
             .min_by(|(_, (a, _)), (_, (b, _))| (compare.0)(a, b).then(a.arrival.cmp(&b.arrival)))
     }
@@ -162,21 +148,20 @@ impl<T> Line<T> {
     }
 
     pub(crate) fn drain(&mut self) -> impl Iterator<Item = T> {
-        let keyed = std::mem::take(&mut self.keyed).into_values();
-        let compared = std::mem::take(&mut self.compared).into_values();
-        keyed.chain(compared).map(|(_, entry)| entry)
+        std::mem::take(&mut self.keyed)
+            .into_values()
+            .map(|(_, entry)| entry)
     }
 
     /// Forgets every entry; only once none is waiting.
     pub(crate) fn clear(&mut self) {
         self.keyed.clear();
-        self.compared.clear();
         self.depths.clear();
     }
 }
 
 fn keyed_place<'a, T>((key, (_, entry)): (&(i64, u64), &'a (WaitingCall, T))) -> (Place, &'a T) {
-    (Place::Keyed(*key), entry)
+    (Place(*key), entry)
 }
 
 impl<T> Default for Line<T> {
@@ -189,7 +174,7 @@ impl<T: fmt::Debug> fmt::Debug for Line<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Line")
             .field("order", &self.order)
-            .field("len", &(self.keyed.len() + self.compared.len()))
+            .field("len", &self.keyed.len())
             .finish()
     }
 }
