@@ -454,7 +454,7 @@ fn loom_two_claims_past_two_leaked_deadlines_both_get_a_slot() {
         let _leaked = table.try_claim(1, Ordering::Relaxed).unwrap();
         let _also_leaked = table.try_claim(1, Ordering::Relaxed).unwrap();
         let _held = table.try_claim(5, Ordering::Relaxed).unwrap();
-        assert!(!table.any_free(5));
+        assert!(!table.has_room(5, 1));
         let expired = 2 + HOLD;
         let other = {
             let table = table.clone();

@@ -342,7 +342,7 @@ impl Bulkhead {
     /// Whether every slot is held now, so that a call would be shed or wait
     /// (a slot past `reclaim_after` counts as free: a call would reclaim it).
     pub fn is_saturated(&self) -> bool {
-        !self.shared.slots.any_free(self.shared.clock.now())
+        !self.shared.slots.has_room(self.shared.clock.now(), 1)
     }
 
     /// How many callers are parked waiting for a slot.

@@ -548,7 +548,7 @@ impl Shared {
 
     /// Whether a caller arriving now would be admitted without waiting.
     pub(crate) fn has_room(&self) -> bool {
-        self.waiters.parked() == 0 && self.slots.any_free(self.clock.now())
+        self.waiters.parked() == 0 && self.slots.has_room(self.clock.now(), 1)
     }
 
     /// Whether `call` can take a slot itself, with no wait and no round

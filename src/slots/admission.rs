@@ -77,28 +77,22 @@ impl Admission {
         debug_assert!(before & HELD >= weight as u64, "a count below zero");
     }
 
-    /// Gives back `weight` slots reclaimed from holders that vanished; the
-    /// claims that take them next learn that they were reclaimed.
-    pub(super) fn give_back_reclaimed(&self, weight: usize) {
+    /// Gives back `weight` slots freed by a sweep (`reclaimed`: the claims
+    /// that take them next learn it) or by a reset (not: a reset frees
+    /// everything alike, and forgets the reclaimed ones too).
+    pub(super) fn give_back_freed(&self, weight: usize, reclaimed: bool) {
         let weight = weight as u64;
         let _ = self
             .word
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |word| {
-                let unclaimed = ((word >> RECLAIMED_SHIFT) + weight).min(HELD);
+                let unclaimed = match reclaimed {
+                    true => ((word >> RECLAIMED_SHIFT) + weight).min(HELD),
+                    false => 0,
+                };
                 Some(
                     ((word & !(u64::MAX << RECLAIMED_SHIFT)) - weight)
                         | unclaimed << RECLAIMED_SHIFT,
                 )
-            });
-    }
-
-    /// Gives back `weight` slots freed by a reset, and forgets the
-    /// reclaimed ones: a reset frees everything alike.
-    pub(super) fn give_back_reset(&self, weight: usize) {
-        let _ = self
-            .word
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |word| {
-                Some((word & !(u64::MAX << RECLAIMED_SHIFT)) - weight as u64)
             });
     }
 

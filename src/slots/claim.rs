@@ -22,11 +22,19 @@ const HOLDS_MORE: u64 = 1 << 61;
 
 impl Claim {
     #[inline(always)]
-    pub(super) fn new(index: usize, word: u64, weight: usize, sample: bool) -> Self {
+    pub(super) fn new(
+        index: usize,
+        word: u64,
+        weight: usize,
+        sample: bool,
+        reclaimed: bool,
+    ) -> Self {
         // A held word is never 0: its deadline is at least 1.
         let word = NonZeroU64::new(word).unwrap_or(NonZeroU64::MIN);
-        let tagged_index =
-            index as u64 | ((weight as u64 - 1) << INDEX_BITS) | (u64::from(sample) * SAMPLE);
+        let tagged_index = index as u64
+            | ((weight as u64 - 1) << INDEX_BITS)
+            | (u64::from(sample) * SAMPLE)
+            | (u64::from(reclaimed) * RECLAIMED);
         Self { word, tagged_index }
     }
 
@@ -51,11 +59,6 @@ impl Claim {
     #[inline]
     pub(crate) fn reclaimed(&self) -> bool {
         self.tagged_index & RECLAIMED != 0
-    }
-
-    pub(super) fn mark_reclaimed(mut self) -> Self {
-        self.tagged_index |= RECLAIMED;
-        self
     }
 
     /// This claim is one of those chosen to sample how many slots are held.

@@ -121,8 +121,7 @@ impl SlotTable {
         // them, or this claim goes to the sweep's lock and then finds them.
         let sweep_due = self.ledger.sweep_due(now);
         match self.admission.try_take(weight, order) {
-            Some(false) => Some(self.record(now, weight)),
-            Some(true) => Some(self.record(now, weight).mark_reclaimed()),
+            Some(reclaimed) => Some(self.record(now, weight, reclaimed)),
             None if sweep_due => self.claim_after_sweep(now, weight),
             None => None,
         }
@@ -135,18 +134,13 @@ impl SlotTable {
     fn claim_after_sweep(&self, now: u64, weight: usize) -> Option<Claim> {
         self.reclaim_expired(now);
         let reclaimed = self.admission.try_take(weight, Ordering::SeqCst)?;
-        let claim = self.record(now, weight);
-        Some(if reclaimed {
-            claim.mark_reclaimed()
-        } else {
-            claim
-        })
+        Some(self.record(now, weight, reclaimed))
     }
 
     /// Writes the ledger entry of a claim of `weight` slots the count has
-    /// admitted.
+    /// admitted, on slots `reclaimed` from holders that vanished or not.
     #[inline(always)]
-    fn record(&self, now: u64, weight: usize) -> Claim {
+    fn record(&self, now: u64, weight: usize, reclaimed: bool) -> Claim {
         self.gauge(weight as f64);
         let held_until = now.saturating_add(self.hold).min(MAX_DEADLINE) << GENERATION_BITS;
         let start = ledger::start(self.ledger.len());
@@ -158,7 +152,7 @@ impl SlotTable {
             weighted.insert((index, word), weight);
             (index, word)
         };
-        Claim::new(index, word, weight, word & SAMPLE_MASK == 1)
+        Claim::new(index, word, weight, word & SAMPLE_MASK == 1, reclaimed)
     }
 
     /// Frees the claim's slots if its entry still holds the word it wrote.
@@ -207,7 +201,7 @@ impl SlotTable {
         self.ledger.sweep(now, self.hold, |index, word| {
             self.give_back_recorded_bytes(index, word);
             let weight = self.unlist(index, word);
-            self.admission.give_back_reclaimed(weight);
+            self.admission.give_back_freed(weight, true);
             slots += weight;
         });
         if slots > 0 {
@@ -235,7 +229,7 @@ impl SlotTable {
             self.give_back_recorded_bytes(index, word);
             slots += self.unlist(index, word);
         });
-        self.admission.give_back_reset(slots);
+        self.admission.give_back_freed(slots, false);
         self.gauge(-(slots as f64));
         if let Some(budget) = &self.budget {
             budget.reset();
@@ -247,11 +241,6 @@ impl SlotTable {
     /// when full with a sweep due.
     pub(crate) fn has_room(&self, now: u64, weight: usize) -> bool {
         self.admission.fits(weight) || self.ledger.any_expired(now, self.hold)
-    }
-
-    /// Whether a slot could be had at `now` (see [`has_room`](Self::has_room)).
-    pub(crate) fn any_free(&self, now: u64) -> bool {
-        self.has_room(now, 1)
     }
 
     /// Counts the admission of a call that got its slots.
@@ -383,9 +372,9 @@ mod tests {
         let table = table(1);
         let _held = table.try_claim(50, Ordering::Relaxed).unwrap();
         assert!(table.sweep_due(1 + HOLD), "the bound from its making");
-        assert!(!table.any_free(1 + HOLD));
+        assert!(!table.has_room(1 + HOLD, 1));
         assert!(!table.sweep_due(1 + HOLD), "the next look costs one load");
-        assert!(table.any_free(50 + HOLD));
+        assert!(table.has_room(50 + HOLD, 1));
         assert_eq!(table.in_flight(), 1, "a look frees nothing");
     }
 
