@@ -63,7 +63,6 @@
 //! the slots held until the response body ends).
 
 mod bulkhead;
-mod hashed;
 #[cfg(feature = "http")]
 mod http;
 mod keys;
