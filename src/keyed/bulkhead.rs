@@ -168,23 +168,22 @@ impl<K> KeyedConfig<K> {
     /// is evicted to make room for a new one (roughly the least recently
     /// used first); a key with slots held never is, until they could be
     /// reclaimed. With `max_keys` keys held and none of them idle, a call
-    /// with a new key is shed with [`ShedReason::TooManyKeys`]. A new key
-    /// looks at no more than 128 keys for one to evict, no key twice (from
-    /// where the last one stopped; a caller that raced others to make the
-    /// same key may look a second time), so with 128 or more busy at once, a
-    /// new key may be shed while an idle key lies further on. For about a
-    /// millisecond after a new key is shed so (having looked at 128 busy
-    /// keys), a new key looks at 8 keys, each such search in the map after
-    /// the last one's, so that a flood of new keys while every key is busy
-    /// costs little each; the searches go on from where each stopped, in
+    /// with a new key is shed with [`ShedReason::TooManyKeys`], also while
+    /// the ceiling is full. A new key looks at no more than 128 keys for one
+    /// to evict, no key twice, going on from where the last search stopped
+    /// (a caller that raced others to make the same key may look a second
+    /// time), so with 128 or more busy at once, a new key may be shed while
+    /// an idle key lies further on. For about a millisecond after a new key
+    /// is shed so (having looked at 128 busy keys, with more held), a new
+    /// key looks at 8, so that a flood of new keys while every key is busy
+    /// costs little each; the searches go on from where each stopped, over
     /// every map in turn, so an idle key is found by a later one.
     ///
     /// The keys are spread over up to one map for every 64 of `max_keys`
     /// (and up to four for each core), each behind its own lock, so that
     /// calls of different keys on different cores rarely write one lock's
-    /// word. A new key looks in its own map first, then in the next ones;
-    /// the key evicted is roughly the least recently used of its map, not of
-    /// all keys.
+    /// word. A search for room looks under the maps' read locks, and so
+    /// holds up no call of an existing key.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self
