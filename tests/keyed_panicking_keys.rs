@@ -386,6 +386,7 @@ impl Drop for Dropping {
 #[test]
 fn a_key_whose_drop_panics_as_it_is_evicted_gives_its_place_back() {
     // The key's one copy panics as it is dropped.
+    #[allow(clippy::single_element_loop)]
     for (id, nth) in [(1, 1)] {
         let keyed: KeyedBulkhead<Dropping> =
             KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(1));
