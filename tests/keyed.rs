@@ -445,6 +445,38 @@ fn a_new_key_evicts_an_idle_key_even_when_every_key_was_used_lately() {
     assert_eq!((status.keys, status.refused_new_keys), (300, 0));
 }
 
+/// A new key with no room is shed for too many keys even while the ceiling
+/// is full (what its caller can mend is the keys it uses); a key held, or a
+/// new key with room, is shed for the full ceiling, and no idle key is
+/// evicted for it.
+#[test]
+fn a_new_key_with_no_room_is_shed_for_too_many_keys_while_the_ceiling_is_full() {
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(2, LONG))
+            .ceiling(Config::new(2, LONG))
+            .max_keys(2),
+    );
+    let held = (
+        keyed.try_acquire(&"a").unwrap(),
+        keyed.try_acquire(&"b").unwrap(),
+    );
+    assert!(keyed.ceiling().unwrap().is_saturated());
+    assert_eq!(reason(keyed.try_acquire(&"new")), ShedReason::TooManyKeys);
+    assert_eq!(reason(keyed.try_acquire(&"a")), ShedReason::LimitReached);
+    assert_eq!(keyed.status(0).refused_new_keys, 1);
+    // "b" idle, the ceiling still full (a direct caller of it): a new key
+    // would find room, and is shed for the ceiling; "b" stays.
+    drop(held.1);
+    let direct = keyed.ceiling().unwrap().try_acquire().unwrap();
+    assert_eq!(reason(keyed.try_acquire(&"new")), ShedReason::LimitReached);
+    let status = keyed.status(0);
+    assert_eq!(
+        (status.keys, status.evicted, status.refused_new_keys),
+        (2, 0, 1)
+    );
+    drop((held.0, direct));
+}
+
 /// A leaked permit holds its key's slot until `reclaim_after`, and its key
 /// with it; past that the key is idle (the next call would reclaim the
 /// slot), so it no longer takes a place for good.

@@ -37,22 +37,20 @@ impl Hash for EqFragile {
     }
 }
 
-/// A key set aside by a sweep (spared for a second chance) goes back in
-/// the ring when a later key's `Eq` panics in the same sweep: out of the
-/// ring, a key in the map could never be evicted.
+/// A key whose `Eq` panics costs no other key its place: the keys beside
+/// it stay evictable. (The sweep compares no keys: it walks the slots.)
 #[test]
 fn a_sweep_whose_eq_panics_loses_no_key_it_set_aside() {
     let keyed = KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(2));
     // The ring: 901 (idle, used lately), then 902 (idle, used lately).
     drop(keyed.try_acquire(&EqFragile(901)).unwrap());
     drop(keyed.try_acquire(&EqFragile(902)).unwrap());
-    // 903's sweep spares 901, then compares 902 with the map's: panics.
+    // 902's `Eq` panics if anything compares it while 903 goes in.
     EQ_PANICS.store(902, Ordering::SeqCst);
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
         keyed.try_acquire(&EqFragile(903)).map(drop)
     }));
     EQ_PANICS.store(u32::MAX, Ordering::SeqCst);
-    assert!(outcome.is_err(), "902's Eq was to panic in the sweep");
     assert_eq!(keyed.keys(), 2);
     // Both old keys idle and in the ring: two new busy keys evict both.
     let a = keyed.try_acquire(&EqFragile(903)).expect("903 evicts one");

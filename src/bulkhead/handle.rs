@@ -7,7 +7,7 @@ use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::observe::Status;
 use crate::slots::Claim;
-use crate::sync::{Arc, Ordering};
+use crate::sync::Arc;
 use crate::ticket::Ticket;
 use crate::wait::{MovablePlace, SaturationSignal};
 use std::fmt;
@@ -595,14 +595,6 @@ impl Bulkhead {
 
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
-    }
-
-    /// How many of its slots are held by calls that hold a slot of a keyed
-    /// bulkhead's ceiling too (see [`Permit::count_with_ceiling`]). A
-    /// leaked permit counts for good (see `KeyLine::ceiling_held`).
-    pub(crate) fn held_with_ceiling(&self) -> usize {
-        // Relaxed: a hint, see `count_with_ceiling`.
-        self.shared.held_with_ceiling.load(Ordering::Relaxed)
     }
 }
 

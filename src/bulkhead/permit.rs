@@ -6,7 +6,7 @@ use crate::bulkhead::{Shared, Started};
 use crate::ceiling::HeldLease;
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::slots::{Claim, Share};
-use crate::sync::{Arc, Ordering};
+use crate::sync::Arc;
 use std::fmt;
 
 /// One slot of a [`Bulkhead`](crate::Bulkhead), held until the permit is
@@ -138,23 +138,6 @@ impl Permit {
     /// The tick at which the slot was taken, on its bulkhead's clock.
     pub(crate) fn claimed_at(&self) -> u64 {
         self.shared.slots.claimed_at(&self.claim)
-    }
-
-    /// Counts this permit's slot in (`true`) or out among its bulkhead's
-    /// slots held by calls that hold a slot of a keyed bulkhead's ceiling
-    /// too: how a key knows how much of the ceiling it holds.
-    #[inline(always)]
-    pub(crate) fn count_with_ceiling(&self, held: bool) {
-        // Relaxed: a count read as a hint to the order of the ceiling's line.
-        if held {
-            self.shared
-                .held_with_ceiling
-                .fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.shared
-                .held_with_ceiling
-                .fetch_sub(1, Ordering::Relaxed);
-        }
     }
 
     /// A permit for `claim` and the bytes of `share`, recorded on its slot

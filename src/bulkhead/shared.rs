@@ -11,7 +11,7 @@ use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::observe::{Observer, Rollups, Totals};
 use crate::slots::{Claim, Share, SlotTable};
-use crate::sync::{Arc, AtomicUsize, Ordering};
+use crate::sync::{Arc, Ordering};
 use crate::wait::{Codel, SaturationSignal, WaitEnd, Waiters};
 use std::time::Duration;
 
@@ -45,9 +45,6 @@ pub(crate) struct Shared {
     /// The ceiling, if the configuration has one, and its leases. Boxed:
     /// a bulkhead without one pays a word.
     leases: Option<Box<Leases>>,
-    /// For a keyed bulkhead's key: its slots held by calls that hold a slot
-    /// of the keyed bulkhead's ceiling too (see [`Permit::count_with_ceiling`]).
-    pub(super) held_with_ceiling: AtomicUsize,
     pub(super) config: Config,
 }
 
@@ -107,7 +104,6 @@ impl Shared {
             drain: DrainSignal::default(),
             adaptive,
             leases: Leases::new(&config).map(Box::new),
-            held_with_ceiling: AtomicUsize::new(0),
             config,
         })
     }

@@ -9,7 +9,7 @@ use crate::keyed::shards::shard_count;
 use crate::keyed::turns::{Turn, Turns};
 use crate::keyed::KeyedStatus;
 use crate::slots::Claim;
-use crate::sync::{Arc, Ordering};
+use crate::sync::{Arc, AtomicUsize, Ordering};
 use std::fmt;
 use std::hash::Hash;
 use std::pin::Pin;
@@ -168,23 +168,22 @@ impl<K> KeyedConfig<K> {
     /// is evicted to make room for a new one (roughly the least recently
     /// used first); a key with slots held never is, until they could be
     /// reclaimed. With `max_keys` keys held and none of them idle, a call
-    /// with a new key is shed with [`ShedReason::TooManyKeys`]. A new key
-    /// looks at no more than 128 keys for one to evict, no key twice (from
-    /// where the last one stopped; a caller that raced others to make the
-    /// same key may look a second time), so with 128 or more busy at once, a
-    /// new key may be shed while an idle key lies further on. For about a
-    /// millisecond after a new key is shed so (having looked at 128 busy
-    /// keys), a new key looks at 8 keys, each such search in the map after
-    /// the last one's, so that a flood of new keys while every key is busy
-    /// costs little each; the searches go on from where each stopped, in
+    /// with a new key is shed with [`ShedReason::TooManyKeys`], also while
+    /// the ceiling is full. A new key looks at no more than 128 keys for one
+    /// to evict, no key twice, going on from where the last search stopped
+    /// (a caller that raced others to make the same key may look a second
+    /// time), so with 128 or more busy at once, a new key may be shed while
+    /// an idle key lies further on. For about a millisecond after a new key
+    /// is shed so (having looked at 128 busy keys, with more held), a new
+    /// key looks at 8, so that a flood of new keys while every key is busy
+    /// costs little each; the searches go on from where each stopped, over
     /// every map in turn, so an idle key is found by a later one.
     ///
     /// The keys are spread over up to one map for every 64 of `max_keys`
     /// (and up to four for each core), each behind its own lock, so that
     /// calls of different keys on different cores rarely write one lock's
-    /// word. A new key looks in its own map first, then in the next ones;
-    /// the key evicted is roughly the least recently used of its map, not of
-    /// all keys.
+    /// word. A search for room looks under the maps' read locks, and so
+    /// holds up no call of an existing key.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self
@@ -327,10 +326,30 @@ struct Inner<K> {
 /// ceiling, held until dropped.
 #[must_use = "the slots are released as soon as the permit is dropped"]
 pub struct KeyedPermit {
-    // Dropped in this order: the key's slot, then the ceiling's. The key's
-    // permit shares its bulkhead, which keeps the key from eviction.
+    // Dropped in this order: the key's count of slots held with the
+    // ceiling's, the key's slot, then the ceiling's. The key's permit shares
+    // its bulkhead, which keeps the key from eviction.
+    _counted: Option<WithCeiling>,
     key: Permit,
     ceiling: Option<Permit>,
+}
+
+/// A key's slot counted among those held with a slot of the ceiling (see
+/// `KeyLine::ceiling_held`) while this lives.
+struct WithCeiling(Arc<AtomicUsize>);
+
+impl WithCeiling {
+    fn new(count: Arc<AtomicUsize>) -> Self {
+        // Relaxed: a count read as a hint to the order of the ceiling's line.
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for WithCeiling {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
@@ -385,18 +404,25 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         // A full ceiling sheds before the key's slot is taken: under
         // overload, the cheapest refusal (and no idle key is evicted for a
         // new key the ceiling would refuse).
+        // A new key with no room is shed for that all the same (nothing is
+        // evicted for it): what a caller can mend is the keys it uses.
         if let Some(ceiling) = &self.inner.ceiling {
             if ceiling.is_saturated() {
+                if !self.inner.keys.holds_or_has_room(key) {
+                    return Err(self.too_many_keys());
+                }
                 return Err(ceiling.shed_now(ShedReason::LimitReached));
             }
         }
         // The key's slot is counted as admitted once the ceiling's is held
         // too: a call either refuses is not admitted by the other.
+        let with_ceiling = self.inner.ceiling.is_some();
         let claimed = self.inner.keys.find(key, |entry| {
             let claim = entry.claim()?;
-            Ok((entry.bulkhead.clone(), claim))
+            let count = with_ceiling.then(|| entry.line.held_with_ceiling.clone());
+            Ok((entry.bulkhead.clone(), claim, count))
         });
-        let (bulkhead, claim) = match claimed {
+        let (bulkhead, claim, count) = match claimed {
             Some(Ok(claimed)) => claimed,
             Some(Err(reason)) => return Err(self.key_shed(key, reason)),
             None => return Err(self.too_many_keys()),
@@ -409,7 +435,8 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             claimed: Some((bulkhead, claim)),
         };
         let ceiling = ceiling.try_acquire()?;
-        Ok(KeyedPermit::with_ceiling(key.admit(), ceiling))
+        let count = count.expect("counted with a ceiling");
+        Ok(KeyedPermit::with_ceiling(key.admit(), ceiling, count))
     }
 
     /// How a layer's call starts: admitted at once, shed, or left to wait
@@ -453,7 +480,11 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             claimed: Some((bulkhead, claim)),
         };
         match ceiling.try_acquire_unrecorded() {
-            Some(ceiling) => Start::Admitted(KeyedPermit::with_ceiling(key.admit(), ceiling)),
+            Some(ceiling) => Start::Admitted(KeyedPermit::with_ceiling(
+                key.admit(),
+                ceiling,
+                line.held_with_ceiling.clone(),
+            )),
             None => Start::Wait(Some(key.hold(line))),
         }
     }
@@ -538,9 +569,11 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             in_line.as_mut().project().waiting.served = renewed.is_ok();
         }
         renewed?;
+        let count = held.line.held_with_ceiling.clone();
         Ok(KeyedPermit::with_ceiling(
             held.admit().map_err(|shed| self.by_key(shed))?,
             ceiling_slot.into_renewed_permit(0)?,
+            count,
         ))
     }
 
@@ -837,15 +870,19 @@ impl KeyedPermit {
 
     /// A key's slot, of a keyed bulkhead with no ceiling.
     fn alone(key: Permit) -> Self {
-        Self { key, ceiling: None }
+        Self {
+            _counted: None,
+            key,
+            ceiling: None,
+        }
     }
 
     /// Counted among the key's slots held with a slot of the ceiling, by
     /// which a caller of the key coming to the ceiling's line finds whether
     /// its key is below its guaranteed share.
-    fn with_ceiling(key: Permit, ceiling: Permit) -> Self {
-        key.count_with_ceiling(true);
+    fn with_ceiling(key: Permit, ceiling: Permit, count: Arc<AtomicUsize>) -> Self {
         Self {
+            _counted: Some(WithCeiling::new(count)),
             key,
             ceiling: Some(ceiling),
         }
@@ -859,14 +896,6 @@ impl KeyedPermit {
     /// The ceiling's slot, if the keyed bulkhead has a ceiling.
     pub fn ceiling_permit(&self) -> Option<&Permit> {
         self.ceiling.as_ref()
-    }
-}
-
-impl Drop for KeyedPermit {
-    fn drop(&mut self) {
-        if self.ceiling.is_some() {
-            self.key.count_with_ceiling(false);
-        }
     }
 }
 

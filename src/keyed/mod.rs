@@ -17,25 +17,25 @@
 //!   reclaimed); with none idle, the new key's call is shed with
 //!   [`ShedReason::TooManyKeys`](crate::ShedReason::TooManyKeys), and
 //!   nothing is allocated for it. A new key looks at no more than 128 keys
-//!   for one to evict, no key twice, from where the last new key stopped
-//!   (a caller that raced others to make the same key, or a key of the
-//!   same hash, may look a second time), so a flood of new keys costs a
+//!   for one to evict, no key twice, going on from where the last search
+//!   stopped (a caller that raced others to make the same key, or a key of
+//!   the same hash, may look a second time), so a flood of new keys costs a
 //!   bounded amount each: with 128 keys or more busy at once, a new key may
-//!   be shed while an idle key lies further on, where the next new key
-//!   looks. For about a millisecond after a new key is shed so (having
-//!   looked at 128 busy keys), a new key looks at 8 keys, each such search
-//!   in the map after the last one's: while every key is busy, each new key
-//!   of a flood costs a sixteenth of a full search (and holds a map's lock
-//!   that much less), and the short searches still go round every map's
-//!   keys, so an idle key is found by a later one.
+//!   be shed while an idle key lies further on, where the next search looks.
+//!   For about a millisecond after a new key is shed so (having looked at
+//!   128 busy keys, with more held), a new key looks at 8: while every key
+//!   is busy, each new key of a flood costs a sixteenth of a full search,
+//!   and the short searches still go round every key, so an idle key is
+//!   found by a later one. A search looks under the maps' read locks, and
+//!   takes a write lock only to evict the idle key it found: a flood of new
+//!   keys while every key is busy holds up no call of an existing key.
 //! - **Calls of different keys on different cores rarely meet**: the keys
 //!   are spread over several maps, each behind its own lock (up to one map
 //!   for every 64 keys of `max_keys`, and up to four for each core).
 //!   `max_keys` bounds them all together, and an idle key in any map makes
-//!   room for a new key of another: a new key looks in its own map first,
-//!   then in the next ones, each from the front of its ring (where a map's
-//!   idle keys gather, as its sweeps send the busy keys to the back). The
-//!   key evicted is roughly the least recently used of its map.
+//!   room for a new key of another: the searches go over the maps in turn.
+//!   The key evicted is idle and not used since a search last found it idle
+//!   (a second chance): roughly the least recently used.
 //! - **Waiting, in turns**: a caller waits for its key's slot (the per-key
 //!   `wait`), then, holding it, for the ceiling's (the ceiling's `wait`). In
 //!   the ceiling's line the keys waiting take turns, weighted
@@ -63,7 +63,6 @@
 //! the slots held until the response body ends).
 
 mod bulkhead;
-mod hashed;
 #[cfg(feature = "http")]
 mod http;
 mod keys;
