@@ -40,7 +40,8 @@ pub struct Config {
     pub(crate) max_bytes: Option<u64>,
     pub(crate) on_event: Option<Hook>,
     // The settings most bulkheads leave out are boxed: a configuration is
-    // copied into every key of a keyed bulkhead.
+    // copied into every key of a keyed bulkhead (which, with one of them
+    // set, allocates it anew for each key made).
     pub(crate) saturation_signal: Option<Box<Thresholds>>,
     pub(crate) queue_order: QueueOrder,
     pub(crate) codel: Option<Box<CodelSettings>>,

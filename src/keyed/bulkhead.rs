@@ -85,9 +85,10 @@ impl<K> KeyedConfig<K> {
     /// configuration, held to 1 ..= the ceiling's limit (a key can never
     /// use more), or 1 ..= 1,048,576 without a ceiling. Called once, when
     /// the key's bulkhead is made, outside the keyed bulkhead's locks (so
-    /// it may look at the keyed bulkhead). A key's bulkhead takes 16 bytes
-    /// a slot beside its 8 KiB: keep `max_keys` times the largest limit in
-    /// mind.
+    /// it may look at the keyed bulkhead). A key takes 16 bytes a slot
+    /// beside its 1.2 KiB (and, from a limit of 8, about 50 bytes a slot in
+    /// refusal lanes, up to 3 KiB): keep `max_keys` times the largest limit
+    /// in mind.
     pub fn limit_per_key(mut self, limit_of: impl Fn(&K) -> usize + Send + Sync + 'static) -> Self {
         self.limit_of = Some(std::sync::Arc::new(limit_of));
         self
@@ -162,9 +163,8 @@ impl<K> KeyedConfig<K> {
         self
     }
 
-    /// How many keys are held at once (each key's bulkhead takes about
-    /// 8 KiB, most of it counters padded to a cache line each, so 1,000 keys
-    /// take about 8 MiB). A key with nothing in flight and nobody waiting
+    /// How many keys are held at once (a key of a small limit takes about
+    /// 1.2 KiB, so 1,000 keys take about 1.2 MB). A key with nothing in flight and nobody waiting
     /// is evicted to make room for a new one (roughly the least recently
     /// used first); a key with slots held never is, until they could be
     /// reclaimed. With `max_keys` keys held and none of them idle, a call

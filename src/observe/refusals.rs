@@ -6,10 +6,11 @@
 //! shedding thread writes, moving between cores on every refusal. So a
 //! thread counts, and clones the name, in a lane of its own: one of up to
 //! 16, each on cache lines of its own and holding its own counts and its
-//! own copy of the name. A bulkhead has a lane for
-//! every four slots (a key of a keyed bulkhead, most often, has one): lanes
-//! cost memory in every key, and it sheds only while its slots are held,
-//! so a small bulkhead has few callers shedding at once.
+//! own copy of the name. A bulkhead has a lane for every four slots, up
+//! to 16 (a key of a keyed bulkhead, most often, has one): memory traded
+//! for contention, since lanes cost memory in every key, and a small
+//! bulkhead, a tenant's or a route's, is seldom shed from by many threads
+//! at once.
 
 use crate::error::ShedReason;
 use crate::sync::{thread_hash, AtomicU64, Ordering};
@@ -19,13 +20,12 @@ use std::sync::Arc;
 /// still splits their writes this many ways.
 const LANES: usize = 16;
 
-/// A lane for every this many slots: a bulkhead sheds only while its
-/// slots are held, so callers of a small one that shed at once are few.
+/// A lane for every this many slots (see the module docs).
 const SLOTS_A_LANE: usize = 4;
 
-/// 96 bytes, aligned to 8 only: an allocation aligned to a cache line
-/// costs glibc twice its size in resident memory once such allocations
-/// come and go (as keys do).
+/// Aligned to 8 only: an allocation aligned to a cache line costs glibc
+/// twice its size in resident memory once such allocations come and go
+/// (as keys do).
 #[derive(Debug)]
 struct Lane {
     refused: [AtomicU64; ShedReason::COUNT],
@@ -35,9 +35,13 @@ struct Lane {
 #[derive(Debug)]
 pub(crate) struct Refusals {
     /// The lanes in use are every other one, so that two in use are a
-    /// lane (96 bytes, over a cache line) apart and never share a line.
+    /// lane (over a cache line) apart and never share a line. The others
+    /// count nothing and carry no name.
     lanes: Box<[Lane]>,
 }
+
+// The lanes in use stay a cache line apart.
+const _: () = assert!(std::mem::size_of::<Lane>() >= 64);
 
 impl Refusals {
     /// The lanes of a bulkhead of `limit` slots, whose refusals carry
@@ -45,9 +49,9 @@ impl Refusals {
     pub(crate) fn new(name: Option<&str>, limit: usize) -> Self {
         let in_use = (limit / SLOTS_A_LANE).clamp(1, LANES).next_power_of_two();
         let lanes = (0..2 * in_use - 1)
-            .map(|_| Lane {
+            .map(|lane| Lane {
                 refused: Default::default(),
-                name: name.map(Arc::from),
+                name: name.filter(|_| lane % 2 == 0).map(Arc::from),
             })
             .collect();
         Self { lanes }
