@@ -354,3 +354,46 @@ fn new_keys_racing_over_many_shards_never_pass_max_keys_nor_lose_a_place() {
     }
     assert_eq!(keyed.keys(), MAX_KEYS, "a place was lost");
 }
+
+/// New keys from two threads, with at most two of 64 keys busy at once:
+/// racing searches for room may pick the same idle key, and the one that
+/// loses it looks again, so no new key is ever shed.
+#[test]
+fn racing_new_keys_are_not_shed_while_most_keys_are_idle() {
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Arc;
+    let keyed = KeyedBulkhead::new(
+        KeyedConfig::new(Config::new(1, Duration::from_secs(3_600))).max_keys(64),
+    );
+    for key in 0..64_u64 {
+        drop(keyed.try_acquire(&key).expect("room for the first keys"));
+    }
+    let next = Arc::new(AtomicU64::new(1_000));
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let (keyed, next, stop) = (keyed.clone(), next.clone(), stop.clone());
+            std::thread::spawn(move || {
+                for _ in 0..100_000 {
+                    if stop.load(Ordering::Relaxed) {
+                        return Err(());
+                    }
+                    match keyed.try_acquire(&next.fetch_add(1, Ordering::Relaxed)) {
+                        Ok(permit) => drop(permit),
+                        Err(_) => {
+                            stop.store(true, Ordering::Relaxed);
+                            return Err(());
+                        }
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for thread in threads {
+        assert!(
+            thread.join().unwrap().is_ok(),
+            "a new key was shed with at most 2 of 64 keys busy"
+        );
+    }
+}

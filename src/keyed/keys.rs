@@ -507,7 +507,10 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         if self.take_free_place() {
             return Some(Place { keys: self });
         }
-        if let Some((at, slot, hash)) = self.idle_key() {
+        // A search whose key was evicted by a racing search, or taken up
+        // by a caller, meanwhile looks again from where the searches
+        // stopped: each such loss is another caller's progress.
+        while let Some((at, slot, hash)) = self.idle_key() {
             let mut map = write(&self.shards[at].map);
             // Still there, and idle now that nobody can find it: a caller
             // that found it under the read lock has taken its slot, or its
@@ -521,6 +524,12 @@ impl<K: Hash + Eq + Clone> Keys<K> {
                 drop(map);
                 return Some(self.evict(slot));
             }
+            drop(map);
+            // The racing search's key may have gone for good, freeing a
+            // place.
+            if self.take_free_place() {
+                return Some(Place { keys: self });
+            }
         }
         // Relaxed: a count.
         self.sweep.refused.fetch_add(1, Ordering::Relaxed);
@@ -531,22 +540,28 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     /// not used since a sweep last found it idle, or else the first found
     /// idle. Looked for under the shards' read locks, so that calls of other
     /// keys go on meanwhile, from where the last search stopped: no more than
-    /// `SWEEP` keys, nor `SHORT_SEARCH` while the searches are short, nor
-    /// more than are held.
+    /// `SWEEP` keys, nor `SHORT_SEARCH` while the searches are short, and
+    /// no key twice.
     fn idle_key(&self) -> Option<(usize, usize, u64)> {
-        let held = self.len();
         let full = !self.short_searches();
-        let most = held.min(if full { SWEEP } else { SHORT_SEARCH });
+        // Not bounded by the keys held: counted apart from the shards, the
+        // count may lag them.
+        let most = if full { SWEEP } else { SHORT_SEARCH };
         let count = self.shards.len();
         // Relaxed: where to look first is a hint; racing searches may look
         // at the same keys.
         let from = self.sweep.at.load(Ordering::Relaxed);
         let (mut at, mut slot) = ((from >> 32) as usize % count, from as u32 as usize);
         let (mut looks, mut found, mut spared) = (0, None, None);
-        // Every shard, and the first once more for the slots before `slot`.
-        for _ in 0..=count {
+        let stop = slot;
+        // Every shard, and the first once more for the slots before `stop`.
+        for round in 0..=count {
             let map = read(&self.shards[at].map);
-            while let Some(next) = map.slots.get(slot).filter(|_| looks < most) {
+            let end = match round == count {
+                true => stop.min(map.slots.len()),
+                false => map.slots.len(),
+            };
+            while let Some(next) = map.slots[..end].get(slot).filter(|_| looks < most) {
                 looks += 1;
                 slot += 1;
                 if next.entry.is_idle() {
@@ -573,7 +588,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         // while longer: however long a flood lasts, a full search comes
         // about every `SHORT_SEARCHES_FOR`.
         let found = found.or(spared);
-        if found.is_none() && full && looks < held {
+        if found.is_none() && full && looks < self.len() {
             let now = self.clock.now();
             // A clock at its last tick reads the same for good: no while.
             if !Clock::has_stopped(now) {

@@ -133,3 +133,35 @@ fn loom_a_new_key_and_a_caller_of_an_idle_key_of_another_shard_admit_exactly_one
         assert_eq!(keys.places(), 1);
     });
 }
+
+/// Two new keys under `max_keys` 2, both keys held idle: racing searches
+/// may pick the same idle key, and the one that loses it to the other's
+/// eviction looks again, so both new keys are admitted. The model fails if
+/// a search gives up when its key is taken from under it, or if it is cut
+/// short by a count of keys that lags the shards.
+#[test]
+fn loom_two_new_keys_racing_for_two_idle_keys_are_both_admitted() {
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let keys = Arc::new(Keys::<u32>::plain(per_key(&clock), 2, 1));
+        for key in [1, 2] {
+            assert!(keys.find(&key, |_| ()).is_some(), "room for a first key");
+        }
+        let hold = |key: u32| {
+            let keys = keys.clone();
+            thread::spawn(move || {
+                keys.find(&key, |entry| {
+                    let claim = entry.claim().expect("one caller a key");
+                    entry.bulkhead.clone().admit(claim)
+                })
+            })
+        };
+        let calls = [hold(3), hold(4)];
+        let permits: Vec<_> = calls.into_iter().map(|call| call.join().unwrap()).collect();
+        assert!(
+            permits.iter().all(Option::is_some),
+            "a new key shed with an idle key left"
+        );
+        assert_eq!((keys.len(), keys.places()), (2, 2));
+    });
+}

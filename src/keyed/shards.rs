@@ -5,8 +5,7 @@
 use std::hash::{Hash, Hasher};
 
 /// How many keys a shard is made for, at least: a keyed bulkhead of fewer
-/// than twice as many keys has one shard, and evicts its keys in the order
-/// of one ring.
+/// than twice as many keys has one shard.
 const KEYS_A_SHARD: usize = 64;
 
 /// The most shards, whatever the cores: past it, two cores meet on one
