@@ -20,6 +20,15 @@ use tokio::time::Instant;
 /// jittered down by up to half, and never past the earliest lease's end.
 const FIRST_PAUSE: Duration = Duration::from_millis(1);
 const LONGEST_PAUSE: Duration = Duration::from_millis(8);
+/// How long a refusal counts a replica as waiting, places kept free for it
+/// if it holds fewer leases for its weight than the one asking: until it is
+/// granted one, or this window ends (a replica refused for longer is marked
+/// again, once a window). Two of its round trips and the longest pause, so
+/// that a replica whose callers ask again is still waiting when they do;
+/// from 25 ms to 1 s: a replica that stops asking keeps a place free for
+/// this long at most.
+const WAITING: Duration = Duration::from_millis(25);
+const LONGEST_WAITING: Duration = Duration::from_secs(1);
 
 /// A bulkhead's cluster ceiling, with its connection and its counts.
 pub(super) struct Cluster {
@@ -134,7 +143,7 @@ impl Cluster {
             // release never takes anyone else's lease.
             let asking = Unanswered {
                 outbox: &self.outbox,
-                token: Some(new_token()),
+                token: Some(new_token(&self.outbox.replica)),
             };
             // The releases pending that no command carries, and the newest
             // (this replica's last among them): removed before this request
@@ -323,7 +332,10 @@ impl Cluster {
         script
             .arg(self.ceiling().limit)
             .arg(self.outbox.lease_ms)
-            .arg(token);
+            .arg(token)
+            .arg(&self.outbox.replica)
+            .arg(self.ceiling().weight)
+            .arg(self.waiting_window().as_millis() as u64);
         for token in releasing.tokens() {
             script.arg(token);
         }
@@ -335,6 +347,13 @@ impl Cluster {
             earliest_ends_in: reply.3,
             released: reply.4,
         })
+    }
+
+    /// How long a refusal counts this replica as waiting: see [`WAITING`].
+    fn waiting_window(&self) -> Duration {
+        let round_trip =
+            Duration::from_micros(self.counts.round_trip_micros.load(Ordering::Relaxed));
+        (round_trip * 2 + LONGEST_PAUSE).clamp(WAITING, LONGEST_WAITING)
     }
 
     fn granted(&self, token: String, asked: Instant) -> Lease {
@@ -484,14 +503,21 @@ struct Reply {
     released: Vec<u8>,
 }
 
-/// A token no other permit, in any process, will hold: 128 bits from a
-/// randomly keyed hasher over a per-process count.
-fn new_token() -> String {
+/// An id for a bulkhead among the replicas sharing its ceiling: 64 bits
+/// from a randomly keyed hasher over a per-process count and the process.
+pub(super) fn new_replica_id() -> String {
     let n = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
-    let keys = token_keys();
-    let high = keys.hash_one((n, std::process::id(), 0u8));
-    let low = keys.hash_one((n, 1u8));
-    format!("{high:016x}{low:016x}")
+    let id = token_keys().hash_one((n, std::process::id(), 0u8));
+    format!("{id:016x}")
+}
+
+/// A token no other permit, in any process, will hold: its replica's id
+/// (so that the script knows whose lease it is), then 64 bits from a
+/// randomly keyed hasher over a per-process count.
+fn new_token(replica: &str) -> String {
+    let n = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+    let low = token_keys().hash_one((n, 1u8));
+    format!("{replica}{low:016x}")
 }
 
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(0);
@@ -557,10 +583,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tokens_do_not_repeat() {
-        let tokens: std::collections::HashSet<String> = (0..10_000).map(|_| new_token()).collect();
+    fn tokens_do_not_repeat_and_name_their_replica() {
+        let replica = new_replica_id();
+        assert_eq!(replica.len(), 16);
+        assert_ne!(replica, new_replica_id());
+        let tokens: std::collections::HashSet<String> =
+            (0..10_000).map(|_| new_token(&replica)).collect();
         assert_eq!(tokens.len(), 10_000);
-        assert!(tokens.iter().all(|token| token.len() == 32));
+        assert!(tokens
+            .iter()
+            .all(|token| token.len() == 32 && token.starts_with(&replica)));
     }
 
     #[test]

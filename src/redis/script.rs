@@ -4,21 +4,44 @@
 
 use std::sync::LazyLock;
 
-/// Takes a lease if fewer than the limit are held.
+/// Takes a lease if fewer than the limit are held, unless the place is
+/// kept for a replica that is waiting with fewer leases for its weight.
 ///
-/// `KEYS[1]`: the sorted set of leases (member: a token, score: the lease's
-/// deadline in milliseconds of the server's clock). `ARGV`: the limit, the
-/// lease in milliseconds, the token, then the tokens of leases this replica
-/// is giving back.
+/// `KEYS[1]`: the ceiling's one key, a sorted set of three kinds of
+/// members, told apart by their scores:
+/// - a lease: member its token (whose first 16 characters are its
+///   replica's id), score its deadline in milliseconds of the server's
+///   clock, above 0;
+/// - `h:<replica>`: the leases a replica holds, as minus their count, from
+///   -2^50 to -1 (gone at 0);
+/// - `w:<replica>:<weight>`: a replica waiting, refused since its last
+///   grant, score the end of its window (in milliseconds) less 2^52:
+///   below -2^51.
 ///
-/// Removes the leases given back first (so that a caller's next call does not
-/// find its own last lease still held), then, if the limit is reached,
-/// the expired ones (they are reclaimed slots, and counted), then admits or
-/// refuses. Replies
-/// `{admitted, held, reclaimed, hint, released}`: `held` counts the leases
-/// after the decision, `hint` is how long until the earliest lease held
-/// runs out (0 when admitted), `released` a 1 or a 0 for each lease given
-/// back: found and removed, or gone already.
+/// `ARGV`: the limit, the lease in milliseconds, the token, the replica's
+/// id, its weight, how long a refusal counts it as waiting (milliseconds),
+/// then the tokens of leases this replica is giving back.
+///
+/// Removes the leases given back first (so that a caller's next call does
+/// not find its own last lease still held), then, if the limit is reached,
+/// the expired ones (they are reclaimed slots, and counted). A place that
+/// is free is kept for each waiting replica ahead of this one, looking at
+/// the 32 longest waiting (their windows ending first): one with fewer
+/// leases for its weight, or as many and before it in an order of the
+/// replicas shuffled every 100 ms (`SHA1` of the time and the id), so that
+/// where the ceiling does not divide evenly the extra places go round
+/// without changing hands at every release. This one is admitted if more
+/// places are free than replicas ahead of it. Granted, its
+/// mark goes; refused, it is marked, written only if it was not (or its
+/// window had ended): a storm of refusals writes nothing more.
+///
+/// A token already held is a request sent again (a redirection, a retry)
+/// after it was granted: it is answered granted, and nothing is taken twice.
+///
+/// Replies `{admitted, held, reclaimed, hint, released}`: `held` counts the
+/// leases after the decision, `hint` is how long until the earliest lease
+/// held runs out (0 when admitted), `released` a 1 or a 0 for each lease
+/// given back: found and removed, or gone already.
 ///
 /// `TIME` is read once, before any write: since Redis 5 a script is
 /// replicated by its effects, so reading the clock is allowed, and up to
@@ -26,6 +49,7 @@ use std::sync::LazyLock;
 pub(super) static ACQUIRE: LazyLock<::redis::Script> = LazyLock::new(|| {
     ::redis::Script::new(
         r"
+local key = KEYS[1]
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- A deadline counts from the millisecond after now: rounded down, a lease
@@ -33,29 +57,125 @@ local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local from = tonumber(time[1]) * 1000 + math.ceil(tonumber(time[2]) / 1000)
 local limit = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
-local released = {}
-for i = 4, #ARGV do
-    released[i - 3] = redis.call('ZREM', KEYS[1], ARGV[i])
+local token = ARGV[3]
+local replica = ARGV[4]
+local weight = tonumber(ARGV[5])
+local window = tonumber(ARGV[6])
+-- A mark's score is the end of its window less MARK.
+local MARK = 4503599627370496
+local function holds(id)
+    local score = redis.call('ZSCORE', key, 'h:' .. id)
+    if score then
+        return -tonumber(score)
+    end
+    return 0
 end
-local held = redis.call('ZCARD', KEYS[1])
+-- Leases gone, by replica (a token's first 16 characters).
+local gone = {}
+local function lost(gone_token)
+    local owner = string.sub(gone_token, 1, 16)
+    gone[owner] = (gone[owner] or 0) + 1
+end
+local function settle()
+    for owner, count in pairs(gone) do
+        if tonumber(redis.call('ZINCRBY', key, count, 'h:' .. owner)) >= 0 then
+            redis.call('ZREM', key, 'h:' .. owner)
+        end
+    end
+end
+local released = {}
+for i = 7, #ARGV do
+    released[i - 6] = redis.call('ZREM', key, ARGV[i])
+    if released[i - 6] == 1 then
+        lost(ARGV[i])
+    end
+end
+if redis.call('ZSCORE', key, token) then
+    -- Sent again after it was granted: granted already.
+    settle()
+    return {1, redis.call('ZCOUNT', key, '(0', '+inf'), 0, 0, released}
+end
+local held = redis.call('ZCOUNT', key, '(0', '+inf')
 local reclaimed = 0
 if held >= limit then
     -- Full, counting leases that have run out: those are dropped (only
     -- then: below the limit they block nobody).
-    reclaimed = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-    held = held - reclaimed
+    local expired = redis.call('ZRANGEBYSCORE', key, '(0', now)
+    if #expired > 0 then
+        for _, expired_token in ipairs(expired) do
+            lost(expired_token)
+        end
+        redis.call('ZREMRANGEBYSCORE', key, '(0', now)
+        reclaimed = #expired
+        held = held - reclaimed
+    end
 end
-if held < limit then
-    redis.call('ZADD', KEYS[1], string.format('%d', from + lease), ARGV[3])
+settle()
+local mark = 'w:' .. replica .. ':' .. ARGV[5]
+local marked = redis.call('ZSCORE', key, mark)
+if marked and tonumber(marked) < now - MARK then
+    marked = false
+end
+local free = limit - held
+local ahead = 0
+if free > 0 then
+    -- The marks whose windows have ended go; of the rest, the 32 ending
+    -- first are looked at.
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('(%d', now - MARK))
+    local waiting = redis.call('ZRANGEBYSCORE', key, '-inf', '(-2251799813685248',
+        'LIMIT', 0, 32)
+    if #waiting > 0 then
+        local ours = holds(replica)
+        -- Ties go by an order of the replicas shuffled every 100 ms: one
+        -- order at any moment, a fair one over many.
+        local epoch = string.format('%d:', math.floor(now / 100))
+        local our_turn = nil
+        for _, other_mark in ipairs(waiting) do
+            local other = string.sub(other_mark, 3, 18)
+            if other ~= replica then
+                -- Fewer leases for its weight, or as few and first in turn.
+                local theirs = holds(other) * weight
+                local our_part = ours * tonumber(string.sub(other_mark, 20))
+                local first = theirs < our_part
+                if theirs == our_part then
+                    our_turn = our_turn or redis.sha1hex(epoch .. replica)
+                    first = redis.sha1hex(epoch .. other) < our_turn
+                end
+                if first then
+                    ahead = ahead + 1
+                    if ahead >= free then
+                        break
+                    end
+                end
+            end
+        end
+    end
+end
+if free > ahead then
+    redis.call('ZADD', key, string.format('%d', from + lease), token)
+    redis.call('ZINCRBY', key, -1, 'h:' .. replica)
+    if marked then
+        redis.call('ZREM', key, mark)
+    end
     -- The key outlives its latest lease by a lease, then goes; never
     -- sooner than another replica's (maybe longer) lease asked for.
-    if redis.call('PTTL', KEYS[1]) < 2 * lease then
-        redis.call('PEXPIRE', KEYS[1], 2 * lease)
+    if redis.call('PTTL', key) < 2 * lease then
+        redis.call('PEXPIRE', key, 2 * lease)
     end
     return {1, held + 1, reclaimed, 0, released}
 end
-local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return {0, held, reclaimed, math.max(tonumber(first[2]) - now, 0), released}
+if not marked then
+    redis.call('ZADD', key, string.format('%d', now + window - MARK), mark)
+    if redis.call('PTTL', key) < 0 then
+        redis.call('PEXPIRE', key, 2 * lease)
+    end
+end
+local first = redis.call('ZRANGEBYSCORE', key, '(0', '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+local hint = 0
+if first[2] then
+    hint = math.max(tonumber(first[2]) - now, 0)
+end
+return {0, held, reclaimed, hint, released}
 ",
     )
 });
@@ -64,8 +184,8 @@ return {0, held, reclaimed, math.max(tonumber(first[2]) - now, 0), released}
 /// has run out or is gone (reclaimed, or the set deleted) is left as it is,
 /// never brought back.
 ///
-/// `KEYS[1]`: the sorted set. `ARGV[1]`: the lease in milliseconds; the
-/// rest: the tokens. Replies how many were renewed.
+/// `KEYS[1]`: the ceiling's key (see [`ACQUIRE`]). `ARGV[1]`: the lease in
+/// milliseconds; the rest: the tokens. Replies how many were renewed.
 pub(super) static RENEW: LazyLock<::redis::Script> = LazyLock::new(|| {
     ::redis::Script::new(
         r"
@@ -90,15 +210,26 @@ return renewed
     )
 });
 
-/// Removes the leases given back. `KEYS[1]`: the sorted set; `ARGV`: their
-/// tokens. Replies a 1 or a 0 for each: found and removed, or gone already
-/// (run out and reclaimed, or removed by an earlier command).
+/// Removes the leases given back, one fewer for each one's replica.
+/// `KEYS[1]`: the ceiling's key (see [`ACQUIRE`]); `ARGV`: their tokens.
+/// Replies a 1 or a 0 for each: found and removed, or gone already (run
+/// out and reclaimed, or removed by an earlier command).
 pub(super) static RELEASE: LazyLock<::redis::Script> = LazyLock::new(|| {
     ::redis::Script::new(
         r"
 local removed = {}
+local gone = {}
 for i = 1, #ARGV do
     removed[i] = redis.call('ZREM', KEYS[1], ARGV[i])
+    if removed[i] == 1 then
+        local owner = string.sub(ARGV[i], 1, 16)
+        gone[owner] = (gone[owner] or 0) + 1
+    end
+end
+for owner, count in pairs(gone) do
+    if tonumber(redis.call('ZINCRBY', KEYS[1], count, 'h:' .. owner)) >= 0 then
+        redis.call('ZREM', KEYS[1], 'h:' .. owner)
+    end
 end
 return removed
 ",
