@@ -235,3 +235,308 @@ return removed
 ",
     )
 });
+
+#[cfg(test)]
+mod tests {
+    //! The scripts against a real `redis-server` of the test's own on a free
+    //! loopback port: skipped, saying so, without one on `PATH` (unless
+    //! `TOWER_INFLIGHT_REQUIRE_REDIS` is set, as `.ci/run` sets it).
+
+    use super::*;
+    use ::redis::aio::MultiplexedConnection;
+    use ::redis::AsyncCommands;
+    use std::process::{Child, Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    const KEY: &str = "tower-inflight:{script}:leases";
+    const A: &str = "aaaaaaaaaaaaaaaa";
+    const B: &str = "bbbbbbbbbbbbbbbb";
+    const LONG: u64 = 60_000;
+
+    struct Server {
+        child: Child,
+        dir: std::path::PathBuf,
+        connection: MultiplexedConnection,
+    }
+
+    impl Server {
+        async fn start(test: &str) -> Option<Self> {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let dir = std::env::temp_dir().join(format!(
+                "tower-inflight-script-{}-{port}",
+                std::process::id()
+            ));
+            std::fs::create_dir_all(&dir).unwrap();
+            let child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(&dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn();
+            let child = match child {
+                Ok(child) => child,
+                Err(error) => {
+                    assert!(
+                        std::env::var_os("TOWER_INFLIGHT_REQUIRE_REDIS").is_none(),
+                        "{test}: redis-server failed to start ({error})"
+                    );
+                    eprintln!("SKIPPED {test}: redis-server is not on PATH ({error})");
+                    return None;
+                }
+            };
+            let client = ::redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+            let started = Instant::now();
+            loop {
+                if let Ok(connection) = client.get_multiplexed_async_connection().await {
+                    return Some(Self {
+                        child,
+                        dir,
+                        connection,
+                    });
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "no redis-server"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+
+        /// `ACQUIRE` for `replica` (weight 1), its refusal counting it as
+        /// waiting for `window` ms: `(admitted, held, reclaimed, released)`.
+        async fn acquire(
+            &mut self,
+            limit: usize,
+            lease: u64,
+            token: &str,
+            window: u64,
+            releases: &[&str],
+        ) -> (bool, usize, u64, Vec<u8>) {
+            let mut script = ACQUIRE.key(KEY);
+            script
+                .arg(limit)
+                .arg(lease)
+                .arg(token)
+                .arg(&token[..16])
+                .arg(1)
+                .arg(window);
+            for release in releases {
+                script.arg(*release);
+            }
+            let (admitted, held, reclaimed, _hint, released): (u8, usize, u64, u64, Vec<u8>) =
+                script.invoke_async(&mut self.connection).await.unwrap();
+            (admitted == 1, held, reclaimed, released)
+        }
+
+        async fn release(&mut self, tokens: &[&str]) -> Vec<u8> {
+            let mut script = RELEASE.key(KEY);
+            for token in tokens {
+                script.arg(*token);
+            }
+            script.invoke_async(&mut self.connection).await.unwrap()
+        }
+
+        /// The leases `replica` holds, as its record says.
+        async fn holds(&mut self, replica: &str) -> i64 {
+            let score: Option<i64> = self
+                .connection
+                .zscore(KEY, format!("h:{replica}"))
+                .await
+                .unwrap();
+            -score.unwrap_or(0)
+        }
+
+        async fn leases(&mut self) -> usize {
+            self.connection.zcount(KEY, "(0", "+inf").await.unwrap()
+        }
+
+        async fn mark(&mut self, replica: &str) -> Option<i64> {
+            self.connection
+                .zscore(KEY, format!("w:{replica}:1"))
+                .await
+                .unwrap()
+        }
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    fn token(replica: &str, n: u64) -> String {
+        format!("{replica}{n:016x}")
+    }
+
+    #[tokio::test]
+    async fn a_request_sent_again_takes_nothing_twice() {
+        let Some(mut redis) = Server::start("a_request_sent_again_takes_nothing_twice").await
+        else {
+            return;
+        };
+        let (a1, a2) = (token(A, 1), token(A, 2));
+        assert!(redis.acquire(2, LONG, &a1, LONG, &[]).await.0);
+        // Sent again (a redirection, a retry of a reply lost): granted, once.
+        let again = redis.acquire(2, LONG, &a1, LONG, &[]).await;
+        assert_eq!((again.0, again.1), (true, 1));
+        assert_eq!((redis.leases().await, redis.holds(A).await), (1, 1));
+        // And with a release carried: removed once, counted once.
+        assert!(redis.acquire(2, LONG, &a2, LONG, &[&a1]).await.0);
+        let again = redis.acquire(2, LONG, &a2, LONG, &[&a1]).await;
+        assert_eq!((again.0, again.3), (true, vec![0]));
+        assert_eq!((redis.leases().await, redis.holds(A).await), (1, 1));
+    }
+
+    #[tokio::test]
+    async fn a_free_place_is_kept_for_a_waiting_replica_with_fewer_leases() {
+        let Some(mut redis) =
+            Server::start("a_free_place_is_kept_for_a_waiting_replica_with_fewer_leases").await
+        else {
+            return;
+        };
+        let a: Vec<String> = (0..4).map(|n| token(A, n)).collect();
+        let b: Vec<String> = (0..3).map(|n| token(B, n)).collect();
+        assert!(redis.acquire(2, LONG, &a[0], LONG, &[]).await.0);
+        assert!(redis.acquire(2, LONG, &a[1], LONG, &[]).await.0);
+        assert!(!redis.acquire(2, LONG, &b[0], LONG, &[]).await.0);
+        assert!(redis.mark(B).await.is_some(), "B waits");
+        // A gives one back and asks again: B, waiting with none, is ahead.
+        let kept = redis.acquire(2, LONG, &a[2], LONG, &[&a[0]]).await;
+        assert_eq!((kept.0, kept.1, kept.3), (false, 1, vec![1]));
+        assert!(!redis.acquire(2, LONG, &a[3], LONG, &[]).await.0);
+        // B takes it; granted, it waits no more.
+        assert!(redis.acquire(2, LONG, &b[1], LONG, &[]).await.0);
+        assert_eq!(redis.mark(B).await, None);
+        assert_eq!((redis.holds(A).await, redis.holds(B).await), (1, 1));
+        // Full again; A waits with one lease. B gives its lease back and
+        // asks again with none: fewer than A, it keeps its place.
+        assert!(!redis.acquire(2, LONG, &a[3], LONG, &[]).await.0);
+        assert!(redis.acquire(2, LONG, &b[2], LONG, &[&b[1]]).await.0);
+        assert_eq!(redis.leases().await, 2);
+    }
+
+    #[tokio::test]
+    async fn a_kept_place_is_lent_once_the_waiting_replica_stops_asking() {
+        let Some(mut redis) =
+            Server::start("a_kept_place_is_lent_once_the_waiting_replica_stops_asking").await
+        else {
+            return;
+        };
+        let a: Vec<String> = (0..4).map(|n| token(A, n)).collect();
+        assert!(redis.acquire(2, LONG, &a[0], LONG, &[]).await.0);
+        assert!(redis.acquire(2, LONG, &a[1], LONG, &[]).await.0);
+        // B is refused, waiting for 50 ms, and asks no more.
+        let started = Instant::now();
+        assert!(!redis.acquire(2, LONG, &token(B, 0), 50, &[]).await.0);
+        let kept = redis.acquire(2, LONG, &a[2], LONG, &[&a[0]]).await;
+        if started.elapsed() < Duration::from_millis(40) {
+            assert!(!kept.0, "kept for B");
+        }
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        // B's window has ended: the place is lent, and B's mark is gone.
+        assert!(redis.acquire(2, LONG, &a[3], LONG, &[]).await.0);
+        assert_eq!(redis.mark(B).await, None);
+        assert_eq!(redis.holds(A).await, 2);
+    }
+
+    #[tokio::test]
+    async fn a_refusal_writes_its_mark_once_a_window() {
+        let Some(mut redis) = Server::start("a_refusal_writes_its_mark_once_a_window").await else {
+            return;
+        };
+        assert!(redis.acquire(1, LONG, &token(A, 0), LONG, &[]).await.0);
+        assert!(!redis.acquire(1, LONG, &token(B, 0), 50, &[]).await.0);
+        let first = redis.mark(B).await.unwrap();
+        for n in 1..20 {
+            assert!(!redis.acquire(1, LONG, &token(B, n), 50, &[]).await.0);
+        }
+        assert_eq!(redis.mark(B).await, Some(first), "not written again");
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert!(!redis.acquire(1, LONG, &token(B, 20), 50, &[]).await.0);
+        assert!(redis.mark(B).await.unwrap() > first, "marked again");
+    }
+
+    #[tokio::test]
+    async fn a_replica_s_count_follows_its_leases() {
+        let Some(mut redis) = Server::start("a_replica_s_count_follows_its_leases").await else {
+            return;
+        };
+        let (a0, a1, b0) = (token(A, 0), token(A, 1), token(B, 0));
+        for held in [&a0, &a1, &b0] {
+            assert!(redis.acquire(3, LONG, held, LONG, &[]).await.0);
+        }
+        assert_eq!((redis.holds(A).await, redis.holds(B).await), (2, 1));
+        assert_eq!(
+            redis.release(&[&a0, &b0, &token(B, 9)]).await,
+            vec![1, 1, 0]
+        );
+        assert_eq!(redis.release(&[&a0]).await, vec![0], "twice: once");
+        assert_eq!((redis.holds(A).await, redis.holds(B).await), (1, 0));
+        // A lease that runs out, reclaimed when the ceiling is full, is one
+        // fewer for its replica.
+        assert!(redis.acquire(2, 20, &b0, LONG, &[]).await.0);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        let (admitted, held, reclaimed, _) = redis.acquire(2, LONG, &token(A, 2), LONG, &[]).await;
+        assert_eq!((admitted, held, reclaimed), (true, 2, 1));
+        assert_eq!((redis.holds(A).await, redis.holds(B).await), (2, 0));
+        // Everything given back: only the key's expiry is left.
+        assert_eq!(redis.release(&[&a1, &token(A, 2)]).await, vec![1, 1]);
+        let left: usize = redis.connection.zcard(KEY).await.unwrap();
+        assert_eq!(left, 0, "no lease, no count");
+    }
+
+    /// Thousands of replicas waiting at once: the script looks at 32 of
+    /// them, whatever their number (an earlier design read them all in one
+    /// command, and past about 4,000 overflowed Lua's stack).
+    #[tokio::test]
+    async fn thousands_of_waiting_replicas_cost_a_bounded_look() {
+        let Some(mut redis) =
+            Server::start("thousands_of_waiting_replicas_cost_a_bounded_look").await
+        else {
+            return;
+        };
+        let a: Vec<String> = (0..3).map(|n| token(A, n)).collect();
+        assert!(redis.acquire(2, LONG, &a[0], LONG, &[]).await.0);
+        assert!(redis.acquire(2, LONG, &a[1], LONG, &[]).await.0);
+        let mut pipeline = ::redis::pipe();
+        for n in 0..5_000u64 {
+            let waiter = token(&format!("{n:016x}"), 0);
+            pipeline
+                .invoke_script(
+                    ACQUIRE
+                        .key(KEY)
+                        .arg(2)
+                        .arg(LONG)
+                        .arg(&waiter)
+                        .arg(&waiter[..16])
+                        .arg(1)
+                        .arg(LONG),
+                )
+                .ignore();
+        }
+        // Loaded first: a pipeline sends EVALSHA alone.
+        ACQUIRE
+            .prepare_invoke()
+            .load_async(&mut redis.connection)
+            .await
+            .unwrap();
+        let () = pipeline.query_async(&mut redis.connection).await.unwrap();
+        let marks: usize = redis
+            .connection
+            .zcount(KEY, "-inf", "(-2251799813685248")
+            .await
+            .unwrap();
+        assert_eq!(marks, 5_000);
+        // A gives one back, holding one more than each of them: kept.
+        let kept = redis.acquire(2, LONG, &a[2], LONG, &[&a[0]]).await;
+        assert_eq!((kept.0, kept.3), (false, vec![1]));
+    }
+}
