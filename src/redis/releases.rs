@@ -364,6 +364,7 @@ impl Outbox {
     async fn send(&self, connection: &mut Connection) -> bool {
         for carried in self.all() {
             let mut release = RELEASE.key(&self.key);
+            release.arg(&self.replica).arg(self.ceiling.weight);
             for token in carried.tokens() {
                 release.arg(token);
             }

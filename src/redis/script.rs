@@ -7,16 +7,18 @@ use std::sync::LazyLock;
 /// Takes a lease if fewer than the limit are held, unless the place is
 /// kept for a replica that is waiting with fewer leases for its weight.
 ///
-/// `KEYS[1]`: the ceiling's one key, a sorted set of three kinds of
+/// `KEYS[1]`: the ceiling's one key, a sorted set of four kinds of
 /// members, told apart by their scores:
 /// - a lease: member its token (whose first 16 characters are its
 ///   replica's id), score its deadline in milliseconds of the server's
 ///   clock, above 0;
 /// - `h:<replica>`: the leases a replica holds, as minus their count, from
-///   -2^50 to -1 (gone at 0);
-/// - `w:<replica>:<weight>`: a replica waiting, refused since its last
-///   grant, score the end of its window (in milliseconds) less 2^52:
-///   below -2^51.
+///   -2^30 to -1 (gone at 0);
+/// - `w:<replica>`: a replica waiting (refused since its last grant), score
+///   its leases over its weight less 2^41, from -2^41 to -2^40: the
+///   waiting replicas in the order they come first;
+/// - `u:<replica>`: beside it, until when it counts as waiting (the end of
+///   its window, in milliseconds) less 2^52, below -2^51.
 ///
 /// `ARGV`: the limit, the lease in milliseconds, the token, the replica's
 /// id, its weight, how long a refusal counts it as waiting (milliseconds),
@@ -24,16 +26,20 @@ use std::sync::LazyLock;
 ///
 /// Removes the leases given back first (so that a caller's next call does
 /// not find its own last lease still held), then, if the limit is reached,
-/// the expired ones (they are reclaimed slots, and counted). A place that
-/// is free is kept for each waiting replica ahead of this one, looking at
-/// the 32 longest waiting (their windows ending first): one with fewer
-/// leases for its weight, or as many and before it in an order of the
-/// replicas shuffled every 100 ms (`SHA1` of the time and the id), so that
-/// where the ceiling does not divide evenly the extra places go round
-/// without changing hands at every release. This one is admitted if more
-/// places are free than replicas ahead of it. Granted, its
-/// mark goes; refused, it is marked, written only if it was not (or its
-/// window had ended): a storm of refusals writes nothing more.
+/// the expired ones (they are reclaimed slots, and counted; their replicas
+/// count as waiting no more). A place that is free is kept for each waiting
+/// replica ahead of this one: with fewer leases for its weight, or as few
+/// and before it in an order of the replicas shuffled every 100 ms (`SHA1`
+/// of the time and the id), so that where the ceiling does not divide
+/// evenly the extra places go round, without changing hands at every
+/// release. This one is admitted if more places are free than replicas
+/// ahead of it. The waiting replicas are read in order, from the fewest
+/// leases, up to 32, and only those not after this one: none while the
+/// ceiling has room for everyone, and none while each replica holds its
+/// share. A replica whose window has ended is passed over, and its marks
+/// go. Granted, a replica waits no more; refused, it is marked, written
+/// only if it was not (or its window had ended): a storm of refusals
+/// writes nothing more.
 ///
 /// A token already held is a request sent again (a redirection, a retry)
 /// after it was granted: it is answered granted, and nothing is taken twice.
@@ -61,26 +67,18 @@ local token = ARGV[3]
 local replica = ARGV[4]
 local weight = tonumber(ARGV[5])
 local window = tonumber(ARGV[6])
--- A mark's score is the end of its window less MARK.
-local MARK = 4503599627370496
-local function holds(id)
-    local score = redis.call('ZSCORE', key, 'h:' .. id)
-    if score then
-        return -tonumber(score)
-    end
-    return 0
-end
--- Leases gone, by replica (a token's first 16 characters).
-local gone = {}
+local W = 2199023255552
+local U = 4503599627370496
+local count_of = 'h:' .. replica
+-- Leases gone: this replica's are settled with its answer, in one write.
+local gone = 0
+local others = {}
 local function lost(gone_token)
     local owner = string.sub(gone_token, 1, 16)
-    gone[owner] = (gone[owner] or 0) + 1
-end
-local function settle()
-    for owner, count in pairs(gone) do
-        if tonumber(redis.call('ZINCRBY', key, count, 'h:' .. owner)) >= 0 then
-            redis.call('ZREM', key, 'h:' .. owner)
-        end
+    if owner == replica then
+        gone = gone + 1
+    else
+        others[owner] = (others[owner] or 0) + 1
     end
 end
 local released = {}
@@ -90,61 +88,93 @@ for i = 7, #ARGV do
         lost(ARGV[i])
     end
 end
-if redis.call('ZSCORE', key, token) then
-    -- Sent again after it was granted: granted already.
-    settle()
-    return {1, redis.call('ZCOUNT', key, '(0', '+inf'), 0, 0, released}
-end
 local held = redis.call('ZCOUNT', key, '(0', '+inf')
 local reclaimed = 0
+local first = nil
 if held >= limit then
     -- Full, counting leases that have run out: those are dropped (only
     -- then: below the limit they block nobody).
-    local expired = redis.call('ZRANGEBYSCORE', key, '(0', now)
-    if #expired > 0 then
+    first = redis.call('ZRANGEBYSCORE', key, '(0', '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
+    if first[2] and tonumber(first[2]) <= now then
+        local expired = redis.call('ZRANGEBYSCORE', key, '(0', now)
         for _, expired_token in ipairs(expired) do
             lost(expired_token)
         end
         redis.call('ZREMRANGEBYSCORE', key, '(0', now)
         reclaimed = #expired
         held = held - reclaimed
+        first = nil
     end
 end
-settle()
-local mark = 'w:' .. replica .. ':' .. ARGV[5]
-local marked = redis.call('ZSCORE', key, mark)
-if marked and tonumber(marked) < now - MARK then
-    marked = false
+for owner, count in pairs(others) do
+    -- Another replica's leases ran out: it waits no more.
+    if tonumber(redis.call('ZINCRBY', key, count, 'h:' .. owner)) >= 0 then
+        redis.call('ZREM', key, 'h:' .. owner)
+    end
+    redis.call('ZREM', key, 'w:' .. owner, 'u:' .. owner)
+end
+local ours = nil
+local function our_count()
+    if not ours then
+        local score = redis.call('ZSCORE', key, count_of)
+        ours = 0
+        if score then
+            ours = -tonumber(score)
+        end
+        ours = ours - gone
+    end
+    return ours
+end
+-- The leases this replica holds go from `ours + gone` to `ours`.
+local function settle(taken)
+    local change = gone - taken
+    if change ~= 0 then
+        local left = -tonumber(redis.call('ZINCRBY', key, change, count_of))
+        if left <= 0 then
+            redis.call('ZREM', key, count_of)
+            left = 0
+        end
+        return left
+    end
+    return nil
 end
 local free = limit - held
 local ahead = 0
+local waiters = false
 if free > 0 then
-    -- The marks whose windows have ended go; of the rest, the 32 ending
-    -- first are looked at.
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('(%d', now - MARK))
-    local waiting = redis.call('ZRANGEBYSCORE', key, '-inf', '(-2251799813685248',
-        'LIMIT', 0, 32)
-    if #waiting > 0 then
-        local ours = holds(replica)
-        -- Ties go by an order of the replicas shuffled every 100 ms: one
-        -- order at any moment, a fair one over many.
+    local lowest = redis.call('ZRANGEBYSCORE', key, '-2199023255552', '(-1099511627776',
+        'WITHSCORES', 'LIMIT', '0', '1')
+    waiters = lowest[1] ~= nil
+    local mine = 0
+    if waiters then
+        mine = our_count() / weight - W
+    end
+    if waiters and tonumber(lowest[2]) <= mine then
+        -- The replicas waiting with as few leases for their weights, or
+        -- fewer, fewest first.
+        local waiting = redis.call('ZRANGEBYSCORE', key, '-2199023255552',
+            string.format('%.17g', mine), 'WITHSCORES', 'LIMIT', '0', '32')
         local epoch = string.format('%d:', math.floor(now / 100))
         local our_turn = nil
-        for _, other_mark in ipairs(waiting) do
-            local other = string.sub(other_mark, 3, 18)
+        for i = 1, #waiting, 2 do
+            local other = string.sub(waiting[i], 3)
             if other ~= replica then
-                -- Fewer leases for its weight, or as few and first in turn.
-                local theirs = holds(other) * weight
-                local our_part = ours * tonumber(string.sub(other_mark, 20))
-                local first = theirs < our_part
-                if theirs == our_part then
+                local before = tonumber(waiting[i + 1]) < mine
+                if not before then
+                    -- As many: the order of the moment.
                     our_turn = our_turn or redis.sha1hex(epoch .. replica)
-                    first = redis.sha1hex(epoch .. other) < our_turn
+                    before = redis.sha1hex(epoch .. other) < our_turn
                 end
-                if first then
-                    ahead = ahead + 1
-                    if ahead >= free then
-                        break
+                if before then
+                    local ends = redis.call('ZSCORE', key, 'u:' .. other)
+                    if ends and tonumber(ends) >= now - U then
+                        ahead = ahead + 1
+                        if ahead >= free then
+                            break
+                        end
+                    else
+                        -- Its window has ended: it asks no more.
+                        redis.call('ZREM', key, waiting[i], 'u:' .. other)
                     end
                 end
             end
@@ -152,25 +182,43 @@ if free > 0 then
     end
 end
 if free > ahead then
-    redis.call('ZADD', key, string.format('%d', from + lease), token)
-    redis.call('ZINCRBY', key, -1, 'h:' .. replica)
-    if marked then
-        redis.call('ZREM', key, mark)
+    local taken = redis.call('ZADD', key, 'NX', string.format('%d', from + lease), token)
+    -- 0: sent again after it was granted, granted already.
+    settle(taken)
+    if waiters and taken == 1 then
+        redis.call('ZREM', key, 'w:' .. replica, 'u:' .. replica)
     end
     -- The key outlives its latest lease by a lease, then goes; never
     -- sooner than another replica's (maybe longer) lease asked for.
     if redis.call('PTTL', key) < 2 * lease then
         redis.call('PEXPIRE', key, 2 * lease)
     end
-    return {1, held + 1, reclaimed, 0, released}
+    return {1, held + taken, reclaimed, 0, released}
 end
-if not marked then
-    redis.call('ZADD', key, string.format('%d', now + window - MARK), mark)
+if redis.call('ZSCORE', key, token) then
+    -- Sent again after it was granted: granted already.
+    settle(0)
+    return {1, held, reclaimed, 0, released}
+end
+local left = settle(0)
+local ends = redis.call('ZSCORE', key, 'u:' .. replica)
+if ends and tonumber(ends) >= now - U then
+    if left then
+        -- Waiting, with fewer leases now.
+        redis.call('ZADD', key, 'XX', string.format('%.17g', left / weight - W),
+            'w:' .. replica)
+    end
+else
+    redis.call('ZADD', key, string.format('%d', now + window - U), 'u:' .. replica)
+    redis.call('ZADD', key, string.format('%.17g', (left or our_count()) / weight - W),
+        'w:' .. replica)
     if redis.call('PTTL', key) < 0 then
         redis.call('PEXPIRE', key, 2 * lease)
     end
 end
-local first = redis.call('ZRANGEBYSCORE', key, '(0', '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+if not first then
+    first = redis.call('ZRANGEBYSCORE', key, '(0', '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
+end
 local hint = 0
 if first[2] then
     hint = math.max(tonumber(first[2]) - now, 0)
@@ -211,24 +259,35 @@ return renewed
 });
 
 /// Removes the leases given back, one fewer for each one's replica.
-/// `KEYS[1]`: the ceiling's key (see [`ACQUIRE`]); `ARGV`: their tokens.
-/// Replies a 1 or a 0 for each: found and removed, or gone already (run
-/// out and reclaimed, or removed by an earlier command).
+/// `KEYS[1]`: the ceiling's key (see [`ACQUIRE`]); `ARGV`: the replica's id
+/// and weight (its place in line, if it is waiting, moves with its count),
+/// then the tokens. Replies a 1 or a 0 for each token: found and removed,
+/// or gone already (run out and reclaimed, or removed by an earlier
+/// command).
 pub(super) static RELEASE: LazyLock<::redis::Script> = LazyLock::new(|| {
     ::redis::Script::new(
         r"
+local key = KEYS[1]
+local replica = ARGV[1]
+local weight = tonumber(ARGV[2])
 local removed = {}
 local gone = {}
-for i = 1, #ARGV do
-    removed[i] = redis.call('ZREM', KEYS[1], ARGV[i])
-    if removed[i] == 1 then
+for i = 3, #ARGV do
+    removed[i - 2] = redis.call('ZREM', key, ARGV[i])
+    if removed[i - 2] == 1 then
         local owner = string.sub(ARGV[i], 1, 16)
         gone[owner] = (gone[owner] or 0) + 1
     end
 end
 for owner, count in pairs(gone) do
-    if tonumber(redis.call('ZINCRBY', KEYS[1], count, 'h:' .. owner)) >= 0 then
-        redis.call('ZREM', KEYS[1], 'h:' .. owner)
+    local left = -tonumber(redis.call('ZINCRBY', key, count, 'h:' .. owner))
+    if left <= 0 then
+        redis.call('ZREM', key, 'h:' .. owner)
+        left = 0
+    end
+    if owner == replica then
+        redis.call('ZADD', key, 'XX', string.format('%.17g', left / weight - 2199023255552),
+            'w:' .. owner)
     end
 end
 return removed
@@ -336,6 +395,7 @@ mod tests {
 
         async fn release(&mut self, tokens: &[&str]) -> Vec<u8> {
             let mut script = RELEASE.key(KEY);
+            script.arg(&tokens[0][..16]).arg(1);
             for token in tokens {
                 script.arg(*token);
             }
@@ -356,11 +416,20 @@ mod tests {
             self.connection.zcount(KEY, "(0", "+inf").await.unwrap()
         }
 
+        /// When `replica`'s window ends, if it is waiting.
         async fn mark(&mut self, replica: &str) -> Option<i64> {
-            self.connection
-                .zscore(KEY, format!("w:{replica}:1"))
+            let ends: Option<i64> = self
+                .connection
+                .zscore(KEY, format!("u:{replica}"))
                 .await
-                .unwrap()
+                .unwrap();
+            let place: Option<f64> = self
+                .connection
+                .zscore(KEY, format!("w:{replica}"))
+                .await
+                .unwrap();
+            assert_eq!(ends.is_some(), place.is_some(), "both marks or neither");
+            ends
         }
     }
 
@@ -506,29 +575,31 @@ mod tests {
         let a: Vec<String> = (0..3).map(|n| token(A, n)).collect();
         assert!(redis.acquire(2, LONG, &a[0], LONG, &[]).await.0);
         assert!(redis.acquire(2, LONG, &a[1], LONG, &[]).await.0);
-        let mut pipeline = ::redis::pipe();
-        for n in 0..5_000u64 {
-            let waiter = token(&format!("{n:016x}"), 0);
-            pipeline
-                .invoke_script(
-                    ACQUIRE
-                        .key(KEY)
-                        .arg(2)
-                        .arg(LONG)
-                        .arg(&waiter)
-                        .arg(&waiter[..16])
-                        .arg(1)
-                        .arg(LONG),
-                )
-                .ignore();
-        }
         // Loaded first: a pipeline sends EVALSHA alone.
         ACQUIRE
             .prepare_invoke()
             .load_async(&mut redis.connection)
             .await
             .unwrap();
-        let () = pipeline.query_async(&mut redis.connection).await.unwrap();
+        for chunk in 0..10u64 {
+            let mut pipeline = ::redis::pipe();
+            for n in chunk * 500..(chunk + 1) * 500 {
+                let waiter = token(&format!("{n:016x}"), 0);
+                pipeline
+                    .invoke_script(
+                        ACQUIRE
+                            .key(KEY)
+                            .arg(2)
+                            .arg(LONG)
+                            .arg(&waiter)
+                            .arg(&waiter[..16])
+                            .arg(1)
+                            .arg(LONG),
+                    )
+                    .ignore();
+            }
+            let () = pipeline.query_async(&mut redis.connection).await.unwrap();
+        }
         let marks: usize = redis
             .connection
             .zcount(KEY, "-inf", "(-2251799813685248")
