@@ -393,7 +393,7 @@ async fn shares() -> i32 {
     let goodput = served as f64 / (ceiling as f64 * window / call_time);
 
     let mut tenths = Vec::new();
-    let mut errors = 0;
+    let (mut errors, mut refusals) = (0, Vec::new());
     for child in children {
         let output = tokio::task::spawn_blocking(|| child.wait_with_output().unwrap())
             .await
@@ -407,6 +407,10 @@ async fn shares() -> i32 {
             .map(|count| count.parse().unwrap())
             .collect();
         errors += counts.get(2).copied().unwrap_or(1);
+        refusals.push((
+            counts.get(3).copied().unwrap_or_default(),
+            counts.get(4).copied().unwrap_or_default(),
+        ));
         tenths.push(
             lines
                 .next()
@@ -436,8 +440,17 @@ async fn shares() -> i32 {
         route_time.as_millis()
     );
     println!(
-        "{:<10} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10} {:>10}",
-        "replica", "weight", "starts", "served", "share", "vs fair", "lowest 2s", "highest 2s"
+        "{:<8} {:>6} {:>9} {:>7} {:>7} {:>8} {:>10} {:>11} {:>9} {:>9}",
+        "replica",
+        "weight",
+        "starts",
+        "served",
+        "share",
+        "vs fair",
+        "lowest 2s",
+        "highest 2s",
+        "refused",
+        "deferred"
     );
     let (mut lows, mut highs, mut shares) = (Vec::new(), Vec::new(), Vec::new());
     for (replica, start_at) in starts.iter().enumerate() {
@@ -451,7 +464,7 @@ async fn shares() -> i32 {
         }
         let whole = share(replica, a, b);
         println!(
-            "{:<10} {:>8} {:>8} {:>8} {:>7.1}% {:>10.2} {:>10.2} {:>10.2}",
+            "{:<8} {:>6} {:>9} {:>7} {:>6.1}% {:>8.2} {:>10.2} {:>11.2} {:>9} {:>9}",
             replica,
             weights[replica],
             format!("+{} ms", start_at - epoch),
@@ -459,7 +472,9 @@ async fn shares() -> i32 {
             whole * 100.0,
             whole / fair(replica),
             low,
-            high
+            high,
+            refusals[replica].0,
+            refusals[replica].1,
         );
         shares.push(format!("{whole:.4}"));
         lows.push(format!("{low:.3}"));
@@ -468,7 +483,9 @@ async fn shares() -> i32 {
     println!(
         "\nmeasured from 1 s after the late start, {window:.1} s; peak {peak} inside the route; \
          goodput {:.1} % of what {ceiling} slots serve; vs fair: a share over its weight's \
-         (1.00 = fair); lowest/highest 2s: over any 2 s within",
+         (1.00 = fair); lowest/highest 2s: over any 2 s within; refused: leases refused \
+         over the whole run, deferred: of those, refused while places were free, kept for \
+         replicas ahead in line",
         goodput * 100.0
     );
     if flag("--json") {
@@ -511,8 +528,10 @@ fn ceiling_config(local: usize, wait: Option<Duration>) -> Config {
 }
 
 /// A replica: its workers call the dependency through its bulkhead until
-/// the run ends, then it prints `admitted shed errors`, and on a second
-/// line the calls served in each tenth of a second since `--epoch`.
+/// the run ends, then it prints `admitted shed errors refused deferred`
+/// (its leases refused, and of those the ones refused while places were
+/// free, kept for replicas ahead in line), and on a second line the calls
+/// served in each tenth of a second since `--epoch`.
 async fn node() {
     let dependency: http::Uri = arg("--dependency").expect("--dependency").parse().unwrap();
     let start_at = number("--start-at", 0);
@@ -525,6 +544,7 @@ async fn node() {
         number("--local", LOCAL_LIMIT as u64) as usize,
         (!wait.is_zero()).then_some(wait),
     ));
+    let bulkhead = layer.bulkhead();
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
     let service = ServiceBuilder::new().layer(layer).service(client);
     tokio::time::sleep(Duration::from_millis(
@@ -574,11 +594,14 @@ async fn node() {
         worker.await.unwrap();
     }
     let [admitted, shed, errors] = &*counts;
+    let cluster = bulkhead.status().cluster.unwrap_or_default();
     println!(
-        "{} {} {}",
+        "{} {} {} {} {}",
         admitted.load(Ordering::Relaxed),
         shed.load(Ordering::Relaxed),
-        errors.load(Ordering::Relaxed)
+        errors.load(Ordering::Relaxed),
+        cluster.leases_refused,
+        cluster.leases_deferred,
     );
     let served: Vec<String> = served
         .iter()

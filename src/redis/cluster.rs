@@ -56,6 +56,7 @@ pub(super) struct Cluster {
 pub(super) struct Counts {
     granted: AtomicU64,
     refused: AtomicU64,
+    deferred: AtomicU64,
     reclaimed: AtomicU64,
     pub(super) released: AtomicU64,
     pub(super) released_late: AtomicU64,
@@ -174,6 +175,9 @@ impl Cluster {
             }
             asking.refused();
             self.counts.refused.fetch_add(1, Ordering::Relaxed);
+            if reply.kept > 0 {
+                self.counts.deferred.fetch_add(1, Ordering::Relaxed);
+            }
             let Some(deadline) = deadline else {
                 return Err(Refused::Full);
             };
@@ -339,13 +343,15 @@ impl Cluster {
         for token in releasing.tokens() {
             script.arg(token);
         }
-        let reply: (u8, usize, u64, u64, Vec<u8>) = script.invoke_async(&mut connection).await?;
+        let reply: (u8, usize, u64, u64, Vec<u8>, u64) =
+            script.invoke_async(&mut connection).await?;
         Ok(Reply {
             admitted: reply.0 == 1,
             held: reply.1,
             reclaimed: reply.2,
             earliest_ends_in: reply.3,
             released: reply.4,
+            kept: reply.5,
         })
     }
 
@@ -380,6 +386,7 @@ impl Cluster {
             round_trip: (round_trip != 0).then(|| Duration::from_micros(round_trip)),
             leases_granted: read(&counts.granted),
             leases_refused: read(&counts.refused),
+            leases_deferred: read(&counts.deferred),
             leases_reclaimed: read(&counts.reclaimed),
             leases_released: read(&counts.released),
             releases_late: read(&counts.released_late),
@@ -501,6 +508,8 @@ struct Reply {
     earliest_ends_in: u64,
     /// For each release carried: 1 if it was found and removed.
     released: Vec<u8>,
+    /// Refused with places free: how many, kept for replicas ahead.
+    kept: u64,
 }
 
 /// An id for a bulkhead among the replicas sharing its ceiling: 64 bits

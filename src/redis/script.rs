@@ -44,10 +44,12 @@ use std::sync::LazyLock;
 /// A token already held is a request sent again (a redirection, a retry)
 /// after it was granted: it is answered granted, and nothing is taken twice.
 ///
-/// Replies `{admitted, held, reclaimed, hint, released}`: `held` counts the
-/// leases after the decision, `hint` is how long until the earliest lease
-/// held runs out (0 when admitted), `released` a 1 or a 0 for each lease
-/// given back: found and removed, or gone already.
+/// Replies `{admitted, held, reclaimed, hint, released, kept}`: `held`
+/// counts the leases after the decision, `hint` is how long until the
+/// earliest lease held runs out (0 when admitted), `released` a 1 or a 0
+/// for each lease given back: found and removed, or gone already; `kept`
+/// the places left free for replicas ahead when refused (0 when the
+/// ceiling is full).
 ///
 /// `TIME` is read once, before any write: since Redis 5 a script is
 /// replicated by its effects, so reading the clock is allowed, and up to
@@ -193,12 +195,12 @@ if free > ahead then
     if redis.call('PTTL', key) < 2 * lease then
         redis.call('PEXPIRE', key, 2 * lease)
     end
-    return {1, held + taken, reclaimed, 0, released}
+    return {1, held + taken, reclaimed, 0, released, 0}
 end
 if redis.call('ZSCORE', key, token) then
     -- Sent again after it was granted: granted already.
     settle(0)
-    return {1, held, reclaimed, 0, released}
+    return {1, held, reclaimed, 0, released, 0}
 end
 local left = settle(0)
 local ends = redis.call('ZSCORE', key, 'u:' .. replica)
@@ -223,7 +225,7 @@ local hint = 0
 if first[2] then
     hint = math.max(tonumber(first[2]) - now, 0)
 end
-return {0, held, reclaimed, hint, released}
+return {0, held, reclaimed, hint, released, free}
 ",
     )
 });
@@ -367,8 +369,8 @@ mod tests {
             }
         }
 
-        /// `ACQUIRE` for `replica` (weight 1), its refusal counting it as
-        /// waiting for `window` ms: `(admitted, held, reclaimed, released)`.
+        /// `ACQUIRE` for the token's replica (weight 1), a refusal counting
+        /// it as waiting for `window` ms.
         async fn acquire(
             &mut self,
             limit: usize,
@@ -376,7 +378,7 @@ mod tests {
             token: &str,
             window: u64,
             releases: &[&str],
-        ) -> (bool, usize, u64, Vec<u8>) {
+        ) -> Answer {
             let mut script = ACQUIRE.key(KEY);
             script
                 .arg(limit)
@@ -388,9 +390,21 @@ mod tests {
             for release in releases {
                 script.arg(*release);
             }
-            let (admitted, held, reclaimed, _hint, released): (u8, usize, u64, u64, Vec<u8>) =
-                script.invoke_async(&mut self.connection).await.unwrap();
-            (admitted == 1, held, reclaimed, released)
+            let (admitted, held, reclaimed, _hint, released, kept): (
+                u8,
+                usize,
+                u64,
+                u64,
+                Vec<u8>,
+                u64,
+            ) = script.invoke_async(&mut self.connection).await.unwrap();
+            Answer {
+                admitted: admitted == 1,
+                held,
+                reclaimed,
+                released,
+                kept,
+            }
         }
 
         async fn release(&mut self, tokens: &[&str]) -> Vec<u8> {
@@ -433,6 +447,15 @@ mod tests {
         }
     }
 
+    #[derive(Debug, PartialEq)]
+    struct Answer {
+        admitted: bool,
+        held: usize,
+        reclaimed: u64,
+        released: Vec<u8>,
+        kept: u64,
+    }
+
     impl Drop for Server {
         fn drop(&mut self) {
             let _ = self.child.kill();
@@ -452,15 +475,15 @@ mod tests {
             return;
         };
         let (a1, a2) = (token(A, 1), token(A, 2));
-        assert!(redis.acquire(2, LONG, &a1, LONG, &[]).await.0);
+        assert!(redis.acquire(2, LONG, &a1, LONG, &[]).await.admitted);
         // Sent again (a redirection, a retry of a reply lost): granted, once.
         let again = redis.acquire(2, LONG, &a1, LONG, &[]).await;
-        assert_eq!((again.0, again.1), (true, 1));
+        assert_eq!((again.admitted, again.held), (true, 1));
         assert_eq!((redis.leases().await, redis.holds(A).await), (1, 1));
         // And with a release carried: removed once, counted once.
-        assert!(redis.acquire(2, LONG, &a2, LONG, &[&a1]).await.0);
+        assert!(redis.acquire(2, LONG, &a2, LONG, &[&a1]).await.admitted);
         let again = redis.acquire(2, LONG, &a2, LONG, &[&a1]).await;
-        assert_eq!((again.0, again.3), (true, vec![0]));
+        assert_eq!((again.admitted, again.released), (true, vec![0]));
         assert_eq!((redis.leases().await, redis.holds(A).await), (1, 1));
     }
 
@@ -473,22 +496,31 @@ mod tests {
         };
         let a: Vec<String> = (0..4).map(|n| token(A, n)).collect();
         let b: Vec<String> = (0..3).map(|n| token(B, n)).collect();
-        assert!(redis.acquire(2, LONG, &a[0], LONG, &[]).await.0);
-        assert!(redis.acquire(2, LONG, &a[1], LONG, &[]).await.0);
-        assert!(!redis.acquire(2, LONG, &b[0], LONG, &[]).await.0);
+        assert!(redis.acquire(2, LONG, &a[0], LONG, &[]).await.admitted);
+        assert!(redis.acquire(2, LONG, &a[1], LONG, &[]).await.admitted);
+        assert!(!redis.acquire(2, LONG, &b[0], LONG, &[]).await.admitted);
         assert!(redis.mark(B).await.is_some(), "B waits");
         // A gives one back and asks again: B, waiting with none, is ahead.
         let kept = redis.acquire(2, LONG, &a[2], LONG, &[&a[0]]).await;
-        assert_eq!((kept.0, kept.1, kept.3), (false, 1, vec![1]));
-        assert!(!redis.acquire(2, LONG, &a[3], LONG, &[]).await.0);
+        assert_eq!(
+            kept,
+            Answer {
+                admitted: false,
+                held: 1,
+                reclaimed: 0,
+                released: vec![1],
+                kept: 1
+            }
+        );
+        assert!(!redis.acquire(2, LONG, &a[3], LONG, &[]).await.admitted);
         // B takes it; granted, it waits no more.
-        assert!(redis.acquire(2, LONG, &b[1], LONG, &[]).await.0);
+        assert!(redis.acquire(2, LONG, &b[1], LONG, &[]).await.admitted);
         assert_eq!(redis.mark(B).await, None);
         assert_eq!((redis.holds(A).await, redis.holds(B).await), (1, 1));
         // Full again; A waits with one lease. B gives its lease back and
         // asks again with none: fewer than A, it keeps its place.
-        assert!(!redis.acquire(2, LONG, &a[3], LONG, &[]).await.0);
-        assert!(redis.acquire(2, LONG, &b[2], LONG, &[&b[1]]).await.0);
+        assert!(!redis.acquire(2, LONG, &a[3], LONG, &[]).await.admitted);
+        assert!(redis.acquire(2, LONG, &b[2], LONG, &[&b[1]]).await.admitted);
         assert_eq!(redis.leases().await, 2);
     }
 
@@ -500,18 +532,18 @@ mod tests {
             return;
         };
         let a: Vec<String> = (0..4).map(|n| token(A, n)).collect();
-        assert!(redis.acquire(2, LONG, &a[0], LONG, &[]).await.0);
-        assert!(redis.acquire(2, LONG, &a[1], LONG, &[]).await.0);
+        assert!(redis.acquire(2, LONG, &a[0], LONG, &[]).await.admitted);
+        assert!(redis.acquire(2, LONG, &a[1], LONG, &[]).await.admitted);
         // B is refused, waiting for 50 ms, and asks no more.
         let started = Instant::now();
-        assert!(!redis.acquire(2, LONG, &token(B, 0), 50, &[]).await.0);
+        assert!(!redis.acquire(2, LONG, &token(B, 0), 50, &[]).await.admitted);
         let kept = redis.acquire(2, LONG, &a[2], LONG, &[&a[0]]).await;
         if started.elapsed() < Duration::from_millis(40) {
-            assert!(!kept.0, "kept for B");
+            assert_eq!((kept.admitted, kept.kept), (false, 1), "kept for B");
         }
         tokio::time::sleep(Duration::from_millis(60)).await;
         // B's window has ended: the place is lent, and B's mark is gone.
-        assert!(redis.acquire(2, LONG, &a[3], LONG, &[]).await.0);
+        assert!(redis.acquire(2, LONG, &a[3], LONG, &[]).await.admitted);
         assert_eq!(redis.mark(B).await, None);
         assert_eq!(redis.holds(A).await, 2);
     }
@@ -521,15 +553,25 @@ mod tests {
         let Some(mut redis) = Server::start("a_refusal_writes_its_mark_once_a_window").await else {
             return;
         };
-        assert!(redis.acquire(1, LONG, &token(A, 0), LONG, &[]).await.0);
-        assert!(!redis.acquire(1, LONG, &token(B, 0), 50, &[]).await.0);
+        assert!(
+            redis
+                .acquire(1, LONG, &token(A, 0), LONG, &[])
+                .await
+                .admitted
+        );
+        assert!(!redis.acquire(1, LONG, &token(B, 0), 50, &[]).await.admitted);
         let first = redis.mark(B).await.unwrap();
         for n in 1..20 {
-            assert!(!redis.acquire(1, LONG, &token(B, n), 50, &[]).await.0);
+            assert!(!redis.acquire(1, LONG, &token(B, n), 50, &[]).await.admitted);
         }
         assert_eq!(redis.mark(B).await, Some(first), "not written again");
         tokio::time::sleep(Duration::from_millis(60)).await;
-        assert!(!redis.acquire(1, LONG, &token(B, 20), 50, &[]).await.0);
+        assert!(
+            !redis
+                .acquire(1, LONG, &token(B, 20), 50, &[])
+                .await
+                .admitted
+        );
         assert!(redis.mark(B).await.unwrap() > first, "marked again");
     }
 
@@ -540,7 +582,7 @@ mod tests {
         };
         let (a0, a1, b0) = (token(A, 0), token(A, 1), token(B, 0));
         for held in [&a0, &a1, &b0] {
-            assert!(redis.acquire(3, LONG, held, LONG, &[]).await.0);
+            assert!(redis.acquire(3, LONG, held, LONG, &[]).await.admitted);
         }
         assert_eq!((redis.holds(A).await, redis.holds(B).await), (2, 1));
         assert_eq!(
@@ -551,10 +593,13 @@ mod tests {
         assert_eq!((redis.holds(A).await, redis.holds(B).await), (1, 0));
         // A lease that runs out, reclaimed when the ceiling is full, is one
         // fewer for its replica.
-        assert!(redis.acquire(2, 20, &b0, LONG, &[]).await.0);
+        assert!(redis.acquire(2, 20, &b0, LONG, &[]).await.admitted);
         tokio::time::sleep(Duration::from_millis(40)).await;
-        let (admitted, held, reclaimed, _) = redis.acquire(2, LONG, &token(A, 2), LONG, &[]).await;
-        assert_eq!((admitted, held, reclaimed), (true, 2, 1));
+        let answer = redis.acquire(2, LONG, &token(A, 2), LONG, &[]).await;
+        assert_eq!(
+            (answer.admitted, answer.held, answer.reclaimed),
+            (true, 2, 1)
+        );
         assert_eq!((redis.holds(A).await, redis.holds(B).await), (2, 0));
         // Everything given back: only the key's expiry is left.
         assert_eq!(redis.release(&[&a1, &token(A, 2)]).await, vec![1, 1]);
@@ -573,8 +618,8 @@ mod tests {
             return;
         };
         let a: Vec<String> = (0..3).map(|n| token(A, n)).collect();
-        assert!(redis.acquire(2, LONG, &a[0], LONG, &[]).await.0);
-        assert!(redis.acquire(2, LONG, &a[1], LONG, &[]).await.0);
+        assert!(redis.acquire(2, LONG, &a[0], LONG, &[]).await.admitted);
+        assert!(redis.acquire(2, LONG, &a[1], LONG, &[]).await.admitted);
         // Loaded first: a pipeline sends EVALSHA alone.
         ACQUIRE
             .prepare_invoke()
@@ -608,6 +653,9 @@ mod tests {
         assert_eq!(marks, 5_000);
         // A gives one back, holding one more than each of them: kept.
         let kept = redis.acquire(2, LONG, &a[2], LONG, &[&a[0]]).await;
-        assert_eq!((kept.0, kept.3), (false, vec![1]));
+        assert_eq!(
+            (kept.admitted, kept.released, kept.kept),
+            (false, vec![1], 1)
+        );
     }
 }
