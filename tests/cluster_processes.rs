@@ -103,6 +103,9 @@ fn four_replicas_never_exceed_the_ceiling_and_keep_it_busy() {
 }
 
 #[tokio::test]
+// The turn is held for the whole test, on its own thread: nothing else in
+// its runtime takes it.
+#[allow(clippy::await_holding_lock)]
 async fn a_killed_replica_s_slots_come_back_after_its_lease_not_before() {
     let _turn = one_at_a_time();
     let server = RedisServer::start();
