@@ -559,20 +559,29 @@ mod tests {
                 .await
                 .admitted
         );
-        assert!(!redis.acquire(1, LONG, &token(B, 0), 50, &[]).await.admitted);
-        let first = redis.mark(B).await.unwrap();
-        for n in 1..20 {
-            assert!(!redis.acquire(1, LONG, &token(B, n), 50, &[]).await.admitted);
-        }
-        assert_eq!(redis.mark(B).await, Some(first), "not written again");
-        tokio::time::sleep(Duration::from_millis(60)).await;
         assert!(
             !redis
-                .acquire(1, LONG, &token(B, 20), 50, &[])
+                .acquire(1, LONG, &token(B, 0), LONG, &[])
                 .await
                 .admitted
         );
-        assert!(redis.mark(B).await.unwrap() > first, "marked again");
+        let first = redis.mark(B).await.unwrap();
+        for n in 1..20 {
+            assert!(
+                !redis
+                    .acquire(1, LONG, &token(B, n), LONG, &[])
+                    .await
+                    .admitted
+            );
+        }
+        assert_eq!(redis.mark(B).await, Some(first), "not written again");
+        // Once its window has ended, the next refusal marks it again.
+        const C: &str = "cccccccccccccccc";
+        assert!(!redis.acquire(1, LONG, &token(C, 0), 20, &[]).await.admitted);
+        let first = redis.mark(C).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        assert!(!redis.acquire(1, LONG, &token(C, 1), 20, &[]).await.admitted);
+        assert!(redis.mark(C).await.unwrap() > first, "marked again");
     }
 
     #[tokio::test]
