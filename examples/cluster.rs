@@ -81,6 +81,25 @@ fn number(name: &str, default: u64) -> u64 {
     })
 }
 
+/// What the route did from `from` to `to` (Unix milliseconds): calls
+/// served, microseconds busy, and the most calls inside it at once.
+async fn measure(route: &Route, from: u64, to: u64) -> (u64, u64, usize) {
+    tokio::time::sleep(Duration::from_millis(from.saturating_sub(unix_millis()))).await;
+    route
+        .peak
+        .store(route.inside.load(Ordering::SeqCst), Ordering::SeqCst);
+    let (served, busy) = (
+        route.served.load(Ordering::SeqCst),
+        route.busy_micros.load(Ordering::SeqCst),
+    );
+    tokio::time::sleep(Duration::from_millis(to.saturating_sub(unix_millis()))).await;
+    (
+        route.served.load(Ordering::SeqCst) - served,
+        route.busy_micros.load(Ordering::SeqCst) - busy,
+        route.peak.load(Ordering::SeqCst),
+    )
+}
+
 fn unix_millis() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -262,18 +281,7 @@ async fn run(
     // Measured from a little after the start to a little before the end,
     // when every replica is running.
     let (from, to) = (start_at + 300, start_at + seconds * 1_000 - 100);
-    tokio::time::sleep(Duration::from_millis(from.saturating_sub(unix_millis()))).await;
-    route
-        .peak
-        .store(route.inside.load(Ordering::SeqCst), Ordering::SeqCst);
-    let (served, busy) = (
-        route.served.load(Ordering::SeqCst),
-        route.busy_micros.load(Ordering::SeqCst),
-    );
-    tokio::time::sleep(Duration::from_millis(to.saturating_sub(unix_millis()))).await;
-    let served = route.served.load(Ordering::SeqCst) - served;
-    let busy = route.busy_micros.load(Ordering::SeqCst) - busy;
-    let peak = route.peak.load(Ordering::SeqCst);
+    let (served, busy, peak) = measure(&route, from, to).await;
 
     let (mut shed, mut errors) = (0, 0);
     for child in children {
@@ -376,18 +384,7 @@ async fn shares() -> i32 {
     // Measured once every replica has run for a second, to a little
     // before the end.
     let (from, to) = (late_at + 1_000, end_at - 100);
-    tokio::time::sleep(Duration::from_millis(from.saturating_sub(unix_millis()))).await;
-    route
-        .peak
-        .store(route.inside.load(Ordering::SeqCst), Ordering::SeqCst);
-    let (served, busy) = (
-        route.served.load(Ordering::SeqCst),
-        route.busy_micros.load(Ordering::SeqCst),
-    );
-    tokio::time::sleep(Duration::from_millis(to.saturating_sub(unix_millis()))).await;
-    let served = route.served.load(Ordering::SeqCst) - served;
-    let busy = route.busy_micros.load(Ordering::SeqCst) - busy;
-    let peak = route.peak.load(Ordering::SeqCst);
+    let (served, busy, peak) = measure(&route, from, to).await;
     let window = (to - from) as f64 / 1_000.0;
     let call_time = busy as f64 / 1e6 / served.max(1) as f64;
     let goodput = served as f64 / (ceiling as f64 * window / call_time);

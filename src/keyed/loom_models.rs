@@ -97,6 +97,18 @@ fn loom_two_new_keys_under_a_cap_of_one_admit_exactly_one() {
     });
 }
 
+/// A caller of `key` on a thread of its own, taking its slot (making the
+/// key if it is new) and keeping the permit; `None` if it found no room.
+fn hold(keys: &Arc<Keys<u32>>, key: u32) -> thread::JoinHandle<Option<crate::bulkhead::Permit>> {
+    let keys = keys.clone();
+    thread::spawn(move || {
+        keys.find(&key, |entry| {
+            let claim = entry.claim().expect("one caller a key");
+            entry.bulkhead.clone().admit(claim)
+        })
+    })
+}
+
 /// A new key of one shard, with no room in its own, and a caller of an
 /// idle key of another shard, under `max_keys` 1: either the caller takes
 /// its key's slot first, and the new key finds nothing to evict, or the new
@@ -113,16 +125,7 @@ fn loom_a_new_key_and_a_caller_of_an_idle_key_of_another_shard_admit_exactly_one
         let of_shard = |at| (0..).find(|key| shard_of(key, 2) == at).unwrap();
         let (idle, newcomer) = (of_shard(0), of_shard(1));
         assert!(keys.find(&idle, |_| ()).is_some(), "room for the first key");
-        let hold = |key: u32| {
-            let keys = keys.clone();
-            thread::spawn(move || {
-                keys.find(&key, |entry| {
-                    let claim = entry.claim().expect("one caller a key");
-                    entry.bulkhead.clone().admit(claim)
-                })
-            })
-        };
-        let calls = [hold(newcomer), hold(idle)];
+        let calls = [hold(&keys, newcomer), hold(&keys, idle)];
         let permits: Vec<_> = calls.into_iter().map(|call| call.join().unwrap()).collect();
         assert_eq!(
             permits.iter().filter(|permit| permit.is_some()).count(),
@@ -147,16 +150,7 @@ fn loom_two_new_keys_racing_for_two_idle_keys_are_both_admitted() {
         for key in [1, 2] {
             assert!(keys.find(&key, |_| ()).is_some(), "room for a first key");
         }
-        let hold = |key: u32| {
-            let keys = keys.clone();
-            thread::spawn(move || {
-                keys.find(&key, |entry| {
-                    let claim = entry.claim().expect("one caller a key");
-                    entry.bulkhead.clone().admit(claim)
-                })
-            })
-        };
-        let calls = [hold(3), hold(4)];
+        let calls = [hold(&keys, 3), hold(&keys, 4)];
         let permits: Vec<_> = calls.into_iter().map(|call| call.join().unwrap()).collect();
         assert!(
             permits.iter().all(Option::is_some),
