@@ -451,6 +451,8 @@ fn bad_settings_are_refused_naming_the_field() {
             "cluster_ceiling.timeout",
         ),
         (ceiling().backoff(Duration::MAX), "cluster_ceiling.backoff"),
+        (ceiling().weight(0), "cluster_ceiling.weight"),
+        (ceiling().weight(1_001), "cluster_ceiling.weight"),
         (
             ceiling().when_unreachable(WhenUnreachable::LocalLimit(0)),
             "cluster_ceiling.when_unreachable",

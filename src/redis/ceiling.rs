@@ -80,9 +80,10 @@ pub enum WhenUnreachable {
 const MAX_LEASE: Duration = Duration::from_secs(365 * 86_400);
 /// The longest a command may take before Redis counts as unreachable.
 const MAX_TIMEOUT: Duration = Duration::from_secs(60);
-/// The largest weight: a count of leases times a weight stays exact in the
-/// script's numbers.
-const MAX_WEIGHT: u32 = 1_000_000;
+/// The largest weight. A waiting replica's place in line is its leases
+/// over its weight, less 2^41, where a double's step is 2^-11: one lease
+/// more, over a weight of at most 1,000, still moves it by more than a step.
+const MAX_WEIGHT: u32 = 1_000;
 /// The longest Redis is skipped after a failure.
 const MAX_BACKOFF: Duration = Duration::from_secs(3_600);
 
@@ -220,7 +221,7 @@ impl ClusterCeiling {
     }
 
     /// This replica's weight in sharing the ceiling (1 by default, at most
-    /// 1,000,000). While replicas ask for more than the ceiling, each gets
+    /// 1,000). While replicas ask for more than the ceiling, each gets
     /// places in proportion to its weight: one of weight 2 beside two of
     /// weight 1 gets half. A replica that asks for less than its share
     /// leaves the rest to the others. See

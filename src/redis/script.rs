@@ -225,7 +225,7 @@ local hint = 0
 if first[2] then
     hint = math.max(tonumber(first[2]) - now, 0)
 end
-return {0, held, reclaimed, hint, released, free}
+return {0, held, reclaimed, hint, released, math.max(free, 0)}
 ",
     )
 });
