@@ -281,7 +281,7 @@ async fn run(
     // Measured from a little after the start to a little before the end,
     // when every replica is running.
     let (from, to) = (start_at + 300, start_at + seconds * 1_000 - 100);
-    let (served, busy, peak) = measure(&route, from, to).await;
+    let (served, busy, peak) = measure(route, from, to).await;
 
     let (mut shed, mut errors) = (0, 0);
     for child in children {

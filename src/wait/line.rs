@@ -76,7 +76,7 @@ impl<T> Line<T> {
             QueueOrder::AdaptiveLifo { after } if waiting > *after => {
                 self.keyed.last_key_value().map(keyed_place)
             }
-            QueueOrder::Custom(compare) => self.first_compared(compare).map(keyed_place),
+            QueueOrder::Custom(compare) => self.first_compared(compare),
             _ => self.keyed.first_key_value().map(keyed_place),
         }
     }
@@ -126,10 +126,11 @@ impl<T> Line<T> {
         Some(self.take(place))
     }
 
-    fn first_compared(&self, compare: &Comparator) -> Option<(&(i64, u64), &(WaitingCall, T))> {
+    fn first_compared(&self, compare: &Comparator) -> Option<(Place, &T)> {
         self.keyed
             .iter()
             .min_by(|(_, (a, _)), (_, (b, _))| (compare.0)(a, b).then(a.arrival.cmp(&b.arrival)))
+            .map(keyed_place)
     }
 
     /// A caller of `priority` stopped waiting (served, refused or gone).
