@@ -81,6 +81,18 @@ fn number(name: &str, default: u64) -> u64 {
     })
 }
 
+/// The Redis to use: `--redis`, or a server of the demo's own, running
+/// while the second value lives.
+fn redis() -> (String, Option<OwnRedis>) {
+    match arg("--redis") {
+        Some(url) => (url, None),
+        None => {
+            let server = OwnRedis::start();
+            (server.url(), Some(server))
+        }
+    }
+}
+
 /// What the route did from `from` to `to` (Unix milliseconds): calls
 /// served, microseconds busy, and the most calls inside it at once.
 async fn measure(route: &Route, from: u64, to: u64) -> (u64, u64, usize) {
@@ -140,16 +152,7 @@ async fn parent() -> i32 {
             .filter(|fraction| (0.0..=1.0).contains(fraction))
             .unwrap_or_else(|| panic!("--min-goodput takes a fraction from 0 to 1, not {value:?}"))
     });
-    let _own_redis;
-    let redis_url = match arg("--redis") {
-        Some(url) => url,
-        None => {
-            let server = OwnRedis::start();
-            let url = server.url();
-            _own_redis = server;
-            url
-        }
-    };
+    let (redis_url, _own_redis) = redis();
 
     let (route, dependency) = serve_route(route_time).await;
 
@@ -333,16 +336,7 @@ async fn shares() -> i32 {
         seconds >= 3,
         "--seconds: at least 3 (a second to settle, 2 s measured)"
     );
-    let _own_redis;
-    let redis_url = match arg("--redis") {
-        Some(url) => url,
-        None => {
-            let server = OwnRedis::start();
-            let url = server.url();
-            _own_redis = server;
-            url
-        }
-    };
+    let (redis_url, _own_redis) = redis();
     let (route, dependency) = serve_route(route_time).await;
 
     let name = format!("shares-{}-{}", std::process::id(), unix_millis());
