@@ -42,7 +42,7 @@ impl Hash for EqFragile {
 #[test]
 fn a_sweep_whose_eq_panics_loses_no_key_it_set_aside() {
     let keyed = KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(2));
-    // The ring: 901 (idle, used lately), then 902 (idle, used lately).
+    // Two keys, both idle and used lately.
     drop(keyed.try_acquire(&EqFragile(901)).unwrap());
     drop(keyed.try_acquire(&EqFragile(902)).unwrap());
     // 902's `Eq` panics if anything compares it while 903 goes in.
@@ -52,11 +52,11 @@ fn a_sweep_whose_eq_panics_loses_no_key_it_set_aside() {
     }));
     EQ_PANICS.store(u32::MAX, Ordering::SeqCst);
     assert_eq!(keyed.keys(), 2);
-    // Both old keys idle and in the ring: two new busy keys evict both.
+    // Both old keys idle: two new busy keys evict both.
     let a = keyed.try_acquire(&EqFragile(903)).expect("903 evicts one");
     let b = keyed
         .try_acquire(&EqFragile(904))
-        .expect("904 evicts the other: a key set aside left the ring");
+        .expect("904 evicts the other: no key was lost to the panic");
     assert_eq!(keyed.keys(), 2);
     drop((a, b));
 }
