@@ -114,8 +114,10 @@ Options:
 
 const LEGEND: &str = "\
 Legend (one row per limiter, one table per phase; calls are counted in the
-phase they arrived in):
-  goodput/s  calls served within the client timeout, per second of the phase
+phase they arrived in, but for goodput):
+  goodput/s  calls served within the client timeout and answered in the
+             phase, per second of it (a backlog served in the next phase
+             counts in the next)
   %best      that goodput as a % of the highest goodput any limiter reached
              in the phase
   p50 ms     median latency of the served calls (admission to answer)
@@ -637,6 +639,11 @@ fn classify(result: Result<(), BoxError>, latency: Duration) -> Outcome {
 struct PhaseTally {
     arrivals: u64,
     served: u64,
+    /// Calls served whose answer came within this phase, whenever they
+    /// arrived: the goodput. (Counted by arrival, a limiter that queues
+    /// would be credited at a phase's end with a backlog that the next
+    /// phase's capacity serves.)
+    answered: u64,
     shed: u64,
     timed_out: u64,
     failed: u64,
@@ -657,7 +664,12 @@ impl Tally {
         }
     }
 
-    fn record(&self, phase: usize, outcome: Outcome) {
+    /// Counts a call that arrived in `phase`, and was answered in
+    /// `answered_in` (none: after the last phase).
+    fn record(&self, phase: usize, answered_in: Option<usize>, outcome: Outcome) {
+        if let (Outcome::Served(_), Some(answered_in)) = (outcome, answered_in) {
+            self.phases[answered_in].lock().unwrap().answered += 1;
+        }
         let mut tally = self.phases[phase].lock().unwrap();
         tally.arrivals += 1;
         match outcome {
@@ -710,7 +722,7 @@ impl PhaseResult {
             .find(|&start| limits[start..].iter().all(|&limit| within(limit)))
             .map(at);
         Self {
-            goodput: tally.served as f64 / length.as_secs_f64(),
+            goodput: tally.answered as f64 / length.as_secs_f64(),
             of_best: 0.0,
             p50: percentile(0.50),
             p99: percentile(0.99),
@@ -1009,7 +1021,7 @@ impl Results {
 
 /// Sends one call through `limiter`, in a task of its own, and counts what
 /// became of it.
-fn issue(limiter: &Limiter, phase: usize, outstanding: &Arc<AtomicUsize>) {
+fn issue(limiter: &Limiter, phase: usize, clock: &RunClock, outstanding: &Arc<AtomicUsize>) {
     let started = Instant::now();
     // `oneshot` polls readiness and calls in one poll: a peer's pending
     // permit is given up as soon as LoadShed has refused the call.
@@ -1020,20 +1032,43 @@ fn issue(limiter: &Limiter, phase: usize, outstanding: &Arc<AtomicUsize>) {
     // registers its real waker.
     let mut noop = Context::from_waker(std::task::Waker::noop());
     if let Poll::Ready(result) = Pin::new(&mut call).poll(&mut noop) {
+        let answered_in = clock.phase_now();
         limiter
             .probe
             .tally
-            .record(phase, classify(result, started.elapsed()));
+            .record(phase, answered_in, classify(result, started.elapsed()));
         return;
     }
     let tally = limiter.probe.tally.clone();
     let outstanding = outstanding.clone();
+    let clock = clock.clone();
     outstanding.fetch_add(1, Ordering::SeqCst);
     tokio::spawn(async move {
         let result = call.await;
-        tally.record(phase, classify(result, started.elapsed()));
+        let answered_in = clock.phase_now();
+        tally.record(phase, answered_in, classify(result, started.elapsed()));
         outstanding.fetch_sub(1, Ordering::SeqCst);
     });
+}
+
+/// When the run started, to tell in which phase a call was answered.
+#[derive(Clone, Debug)]
+struct RunClock {
+    start: Instant,
+    bounds: [Duration; 4],
+}
+
+impl RunClock {
+    /// The phase now, if the run is not over.
+    fn phase_now(&self) -> Option<usize> {
+        let at = self.start.elapsed();
+        (at < self.bounds[3]).then(|| {
+            (0..3)
+                .rev()
+                .find(|&phase| at >= self.bounds[phase])
+                .unwrap_or(0)
+        })
+    }
 }
 
 async fn run(options: Options) -> Result<Results, String> {
@@ -1171,6 +1206,10 @@ async fn run(options: Options) -> Result<Results, String> {
         let outstanding = outstanding.clone();
         let options = options.clone();
         let start = start.into_std();
+        let clock = RunClock {
+            start,
+            bounds: options.boundaries(),
+        };
         // A thread of tokio's blocking pool: it is inside the runtime, so
         // the calls it polls can make timers and spawn tasks.
         tokio::task::spawn_blocking(move || {
@@ -1184,7 +1223,7 @@ async fn run(options: Options) -> Result<Results, String> {
                 }
                 let phase = options.phase_at(next);
                 for limiter in &limiters {
-                    issue(limiter, phase, &outstanding);
+                    issue(limiter, phase, &clock, &outstanding);
                 }
                 next += rng.exponential(rate);
             }

@@ -249,6 +249,24 @@ fn capacity_follows_a_dependency_whose_capacity_halves_and_returns() {
     }
 }
 
+/// A dependency (or a runtime) that stalls now and then serves little in
+/// the window of a stall, and its calls come back late: the limit is not
+/// cut to what that window served.
+#[test]
+fn capacity_is_not_cut_by_a_short_stall() {
+    let mut dependency = Dependency::new(10 * MS, 16);
+    // A stall of 60 ms (one worker left) every 2 s from 5 s on.
+    dependency.capacity = vec![(Duration::ZERO, 16)];
+    for stall in 0..12u32 {
+        let at = Duration::from_secs(5) + stall * 2 * Duration::from_secs(1);
+        dependency.capacity.push((at, 1));
+        dependency.capacity.push((at + 60 * MS, 16));
+    }
+    let limits = dependency.run(&mut Capacity::default(), 20, Duration::from_secs(30));
+    let after = &limits[40..];
+    assert!(after.iter().all(|&limit| within(limit, 16)), "{after:?}");
+}
+
 /// Wherever in a window the capacity halves, the limit follows within
 /// 5 s (a cut made on a window the change fell in halfway is too shallow,
 /// and must not be taken for a slower dependency).

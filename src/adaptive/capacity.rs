@@ -22,14 +22,17 @@ use std::time::Duration;
 /// - The *baseline* is the least window latency of the last 200 windows:
 ///   the latency without queueing.
 /// - A window over 1.35 times the baseline queues: the limit goes at once
-///   to `1.2 × X × baseline`, the capacity the window just measured and a
-///   fifth more (a short queue keeps every worker of the dependency fed
-///   between one call's end and the next call's arrival). One step, not a
-///   slide: when capacity halves, the limit halves within a window or two,
-///   where AIMD and Gradient2 take seconds and let the queue grow
-///   meanwhile.
-/// - A window with the limit reached grows it: by half while latency
-///   stays within 1.05 times the baseline (capacity came back), by a tenth
+///   to `1.2 × X × baseline`, the capacity measured and a fifth more (a
+///   short queue keeps every worker of the dependency fed between one
+///   call's end and the next call's arrival). `X` is the higher of this
+///   window's throughput and the last's, so that a window the dependency
+///   or the runtime stalled in does not cut the limit to what it served.
+///   One step, not a slide: when capacity halves, the limit halves within
+///   two or three windows, where AIMD and Gradient2 take seconds and let
+///   the queue grow meanwhile.
+/// - A window with the limit reached grows it: it doubles while latency
+///   stays within 1.05 times the baseline (no queue at all: capacity came
+///   back, and a limit too high is cut back in one window), by a tenth
 ///   within 1.15. Between 1.15 and 1.35 it holds, so there is no saw-tooth
 ///   around the point where queueing starts.
 /// - A window with fewer calls in flight than the limit says nothing of
@@ -104,6 +107,8 @@ pub struct Capacity {
     windows: u64,
     /// The probe under way, if one is.
     probing: Option<Probe>,
+    /// The last window's throughput, in calls a second.
+    last_throughput: f64,
 }
 
 /// A probe below the limit: a few windows with fewer calls in flight, to
@@ -130,8 +135,8 @@ const QUEUEING: f64 = 1.35;
 /// A window within this times the baseline has room to grow into: a
 /// tenth at a time.
 const ROOM: f64 = 1.15;
-/// A window within this times the baseline shows no queue at all: it grows
-/// by half.
+/// A window within this times the baseline shows no queue at all: it
+/// doubles.
 const NO_QUEUE: f64 = 1.05;
 /// Windows between probes that find nothing new, at first and at most.
 /// (The history holds two of the longest: a probe spoiled by a change of
@@ -170,6 +175,7 @@ impl Default for Capacity {
             futile_cuts: 0,
             windows: 0,
             probing: None,
+            last_throughput: 0.0,
         }
     }
 }
@@ -192,6 +198,12 @@ impl Capacity {
         let drops = std::mem::take(&mut self.drops);
         let peak = std::mem::take(&mut self.peak_in_flight);
         let latency = self.window_latency();
+        // The higher of this window's and the last's: a window that the
+        // dependency (or the runtime) stalled in serves less than its
+        // capacity, and must not cut the limit to that alone.
+        let throughput = served as f64 / elapsed.as_secs_f64().max(1e-9);
+        let recent_throughput =
+            throughput.max(std::mem::replace(&mut self.last_throughput, throughput));
         let share = drops as f64 / (served + drops) as f64;
         let usual_share = self.drop_share;
         self.drop_share = 0.9 * self.drop_share + 0.1 * share;
@@ -216,9 +228,8 @@ impl Capacity {
         // high: under it, a slow window is the dependency's own noise.
         let reached = peak.saturating_mul(10) >= limit.saturating_mul(9);
         if slowdown > QUEUEING && reached {
-            // The capacity this window measured, with the headroom.
-            let throughput = served as f64 / elapsed.as_secs_f64().max(1e-9);
-            let target = (throughput * baseline.as_secs_f64() * HEADROOM).ceil() as usize;
+            // The capacity measured, with the headroom.
+            let target = (recent_throughput * baseline.as_secs_f64() * HEADROOM).ceil() as usize;
             if target >= limit {
                 // The capacity measured, rounded up to whole calls, is the
                 // limit: no cut, and so none that could be futile (counted
@@ -262,7 +273,7 @@ impl Capacity {
         // No queue at all: capacity returned, and the limit may be far
         // under it; a queue starting: close to it.
         let step = if slowdown <= NO_QUEUE {
-            limit.div_ceil(2)
+            limit
         } else {
             limit.div_ceil(10)
         };
