@@ -159,3 +159,83 @@ fn loom_two_new_keys_racing_for_two_idle_keys_are_both_admitted() {
         assert_eq!((keys.len(), keys.places()), (2, 2));
     });
 }
+
+/// Turns across keys at a full ceiling of one slot. Key B's caller waits
+/// at tag 64 (a call of B was served before); key A's first caller waits
+/// at tag 0, its second at 64, after B's. A's first gives up, as a caller
+/// of a key leaves the ceiling's line: its turn first (A's second is moved
+/// into its place), then its place in the line (a slot handed to it
+/// meanwhile goes on). The ceiling's slot is released meanwhile. Whichever
+/// goes first, the slot ends with A's second, whose key kept tag 0: never
+/// lost, never with B's caller. The model fails if a caller leaves the
+/// line before its turn (a slot handed to it then goes on to B, ahead of
+/// the place A keeps), or if a slot handed to a caller who gives up is not
+/// passed on.
+#[test]
+fn loom_a_turn_given_up_racing_a_release_hands_the_slot_to_its_key_s_next() {
+    use super::turns::{KeyTurn, Turn, Turns};
+    use crate::bulkhead::Bulkhead;
+    use crate::wait::{Arrival, Left, Node};
+    use crate::{QueueOrder, Ticket};
+
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let ceiling = Arc::new(Bulkhead::new(
+            Config::new(1, RECLAIM_AFTER)
+                .clock(clock)
+                .queue_order(QueueOrder::PriorityFifo),
+        ));
+        let shared = ceiling.shared();
+        let held = shared
+            .slots()
+            .try_claim(1, crate::sync::Ordering::Relaxed)
+            .expect("the ceiling's slot is free");
+        let turns = Arc::new(Turns::default());
+        let (a, b) = (Arc::new(KeyTurn::default()), Arc::new(KeyTurn::default()));
+        // A call of B served: B's next caller is at tag 64.
+        let served = turns.enter(&b, 1, false);
+        turns.leave(&b, &served, true, &ceiling);
+        let park = |key: &KeyTurn| -> (Turn, Arc<Node>) {
+            let turn = turns.enter(key, 1, false);
+            let ticket = Ticket::new()
+                .priority(turn.priority())
+                .place_in_line(turn.place);
+            let movable = turn.movable();
+            let Arrival::Parked(node) = shared.waiters().arrive(
+                shared.slots(),
+                shared.clock(),
+                None,
+                ticket,
+                movable.as_deref(),
+            ) else {
+                panic!("the ceiling's only slot is held: the caller parks");
+            };
+            (turn, node)
+        };
+        let (a_first_turn, a_first) = park(&a);
+        let (_b_turn, b_caller) = park(&b);
+        let (_a_second_turn, a_second) = park(&a);
+        let leaver = {
+            let (ceiling, turns, a) = (ceiling.clone(), turns.clone(), a.clone());
+            thread::spawn(move || {
+                // As `InCeilingLine` drops: the turn, then the place.
+                turns.leave(&a, &a_first_turn, false, &ceiling);
+                let shared = ceiling.shared();
+                let left = shared
+                    .waiters()
+                    .leave(&a_first, shared.slots(), shared.clock(), false);
+                if let Left::Granted(claim) = left {
+                    shared.give_back_unused(&claim);
+                }
+            })
+        };
+        shared.release_permit(&held);
+        leaver.join().unwrap();
+        assert!(
+            a_second.is_granted(),
+            "the slot did not go to the caller that took A's place"
+        );
+        assert!(!b_caller.is_granted(), "B's caller went ahead of A's turn");
+        assert_eq!(shared.slots().in_flight(), 1);
+    });
+}

@@ -8,6 +8,8 @@ mod admission;
 mod classified;
 mod future;
 mod layer;
+#[cfg(all(test, tower_inflight_loom))]
+mod loom_models;
 mod readiness;
 mod service;
 
