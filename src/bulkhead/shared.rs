@@ -599,7 +599,7 @@ impl Shared {
     /// the new room goes to the callers waiting first; lowered, no one is
     /// evicted, and no one is admitted until the calls in flight are under
     /// it.
-    #[cfg(test)]
+    #[cfg(all(test, not(tower_inflight_loom)))]
     pub(crate) fn set_limit(&self, limit: usize) {
         self.slots.set_limit(limit);
         self.waiters.after_release(&self.slots, &self.clock);

@@ -185,7 +185,7 @@ impl SlotTable {
     }
 
     /// Whether a sweep is due: some claim may have passed its deadline.
-    #[cfg(test)]
+    #[cfg(all(test, not(tower_inflight_loom)))]
     pub(crate) fn sweep_due(&self, now: u64) -> bool {
         self.ledger.sweep_due(now)
     }
