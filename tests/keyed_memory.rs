@@ -75,6 +75,9 @@ async fn a_million_distinct_keys_keep_memory_bounded_and_evict_nothing_held() {
                 Ok::<_, BoxError>(request)
             }));
 
+    // The runtime and the layer, before any key.
+    let _ = service.ready().await.unwrap();
+    let before_keys = live();
     // Ten keys hold a slot throughout.
     let held: Vec<_> = (0..10u64)
         .map(|key| keyed.try_acquire(&(u64::MAX - key)).unwrap())
@@ -89,10 +92,21 @@ async fn a_million_distinct_keys_keep_memory_bounded_and_evict_nothing_held() {
         }
     }
     let after = live();
+    let per_key = (baseline - before_keys) / MAX_KEYS;
     eprintln!(
-        "live bytes after {} keys: {baseline}; after {KEYS}: {after}",
+        "live bytes after {} keys: {baseline}; after {KEYS}: {after}; {per_key} a key",
         10 * MAX_KEYS
     );
+    // A key, everything included (its place in the map, its bulkhead, its
+    // line), in at most 1 KiB; with feature `metrics`, its bulkhead also
+    // keeps the handles of its series (which record nothing, unless the
+    // key is one to report).
+    let most = if cfg!(feature = "metrics") {
+        1_600
+    } else {
+        1_024
+    };
+    assert!(per_key <= most, "{per_key} bytes a key, over {most}");
     assert!(
         after <= baseline + baseline / 10,
         "memory grew from {baseline} to {after} bytes"

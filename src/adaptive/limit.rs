@@ -87,7 +87,10 @@ impl Adaptive {
 
     /// The initial limit for a configuration whose `limit` is `max`.
     pub(crate) fn initial_for(&self, max: usize) -> usize {
-        self.initial.unwrap_or(20.clamp(self.min.min(max), max))
+        let min = self.min.min(max);
+        self.initial
+            .map_or(20, |initial| initial.min(max))
+            .clamp(min, max)
     }
 }
 
@@ -122,7 +125,8 @@ impl AdaptiveLimit {
     pub(crate) fn new(adaptive: &Adaptive, max: usize) -> Self {
         Self {
             algorithm: Mutex::new((adaptive.make)()),
-            min: adaptive.min,
+            // A key's limit may be under the configured least.
+            min: adaptive.min.min(max),
             max,
             errors: adaptive.errors.clone(),
         }

@@ -60,12 +60,18 @@ impl Bulkhead {
 
     /// Builds a bulkhead, or says which field of the configuration is wrong.
     pub fn try_new(config: Config) -> Result<Self, ConfigError> {
-        Self::try_new_keeping(config, History::Kept)
+        let limit = config.limit;
+        Self::try_new_keeping(std::sync::Arc::new(config), limit, History::Kept)
     }
 
-    /// [`try_new`](Self::try_new), with or without a history of minutes.
-    pub(crate) fn try_new_keeping(config: Config, history: History) -> Result<Self, ConfigError> {
-        let shared = Shared::new(config, history)?;
+    /// [`try_new`](Self::try_new) with a limit of `limit` (a key's own, held
+    /// to `1..=MAX_SLOTS`), with or without a history of minutes.
+    pub(crate) fn try_new_keeping(
+        config: std::sync::Arc<Config>,
+        limit: usize,
+        history: History,
+    ) -> Result<Self, ConfigError> {
+        let shared = Shared::new(config, limit, history)?;
         Ok(Self {
             shared: Arc::new(shared),
         })
@@ -383,7 +389,7 @@ impl Bulkhead {
         let mut status = Status {
             name: self.name().map(str::to_owned),
             limit: self.limit(),
-            max_limit: shared.config.limit,
+            max_limit: shared.slots.len(),
             in_flight,
             available: self.limit().saturating_sub(in_flight),
             waiting: waiting_by_priority.values().sum(),

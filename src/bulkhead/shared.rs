@@ -46,12 +46,20 @@ pub(crate) struct Shared {
     /// The ceiling, if the configuration has one, and its leases. Boxed:
     /// a bulkhead without one pays a word.
     leases: Option<Box<Leases>>,
-    pub(super) config: Config,
+    /// Shared: the keys of a keyed bulkhead, most of them configured
+    /// alike, keep one configuration between them. (A `std` `Arc` under
+    /// loom too: it is never written, and its count is no model's concern.)
+    pub(super) config: std::sync::Arc<Config>,
 }
 
 impl Shared {
-    /// The state of a bulkhead built from `config`, or the field at fault.
-    pub(super) fn new(config: Config, history: History) -> Result<Self, ConfigError> {
+    /// The state of a bulkhead built from `config` with a limit of `limit`
+    /// (the configuration's own, or a key's), or the field at fault.
+    pub(super) fn new(
+        config: std::sync::Arc<Config>,
+        limit: usize,
+        history: History,
+    ) -> Result<Self, ConfigError> {
         config.validate()?;
         let clock = match &config.clock {
             Some(manual) => Clock::Manual(manual.clone()),
@@ -73,7 +81,7 @@ impl Shared {
         let initial = config
             .adaptive
             .as_ref()
-            .map_or(config.limit, |adaptive| adaptive.initial_for(config.limit));
+            .map_or(limit, |adaptive| adaptive.initial_for(limit));
         let observer = Observer::new(
             config.name.as_deref(),
             initial,
@@ -81,12 +89,12 @@ impl Shared {
             rollups,
             config.adaptive.is_some(),
         );
-        let slots = SlotTable::new(config.limit, clock.now(), hold, config.max_bytes);
+        let slots = SlotTable::new(limit, clock.now(), hold, config.max_bytes);
         slots.set_limit(initial);
         let adaptive = config
             .adaptive
             .as_ref()
-            .map(|adaptive| Box::new(AdaptiveLimit::new(adaptive, config.limit)));
+            .map(|adaptive| Box::new(AdaptiveLimit::new(adaptive, limit)));
         #[cfg(feature = "metrics")]
         let slots = slots.with_gauge(observer.in_flight_gauge());
         Ok(Shared {

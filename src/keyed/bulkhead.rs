@@ -419,7 +419,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         let with_ceiling = self.inner.ceiling.is_some();
         let claimed = self.inner.keys.find(key, |entry| {
             let claim = entry.claim()?;
-            let count = with_ceiling.then(|| entry.line.held_with_ceiling.clone());
+            let count = with_ceiling.then(|| entry.line.count_with_ceiling());
             Ok((entry.bulkhead.clone(), claim, count))
         });
         let (bulkhead, claim, count) = match claimed {
@@ -483,7 +483,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             Some(ceiling) => Start::Admitted(KeyedPermit::with_ceiling(
                 key.admit(),
                 ceiling,
-                line.held_with_ceiling.clone(),
+                line.count_with_ceiling(),
             )),
             None => Start::Wait(Some(key.hold(line))),
         }
@@ -569,7 +569,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             in_line.as_mut().project().waiting.served = renewed.is_ok();
         }
         renewed?;
-        let count = held.line.held_with_ceiling.clone();
+        let count = held.line.count_with_ceiling();
         Ok(KeyedPermit::with_ceiling(
             held.admit().map_err(|shed| self.by_key(shed))?,
             ceiling_slot.into_renewed_permit(0)?,

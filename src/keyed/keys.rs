@@ -88,7 +88,8 @@ pub(crate) struct KeyLine {
     /// How many of its slots are held by permits that hold a slot of the
     /// ceiling too, each permit counting itself in and out. An `Arc` of its
     /// own: a leaked permit must not pin the key, as the line's `Arc` does.
-    pub(crate) held_with_ceiling: Arc<AtomicUsize>,
+    /// None without a ceiling.
+    held_with_ceiling: Option<Arc<AtomicUsize>>,
     /// Its place in turn at the ceiling, and its weight there (see
     /// `turns`).
     pub(crate) turn: KeyTurn,
@@ -164,7 +165,17 @@ impl KeyLine {
         let held = bulkhead
             .in_flight()
             .saturating_sub(self.waiting_for_ceiling.load(Ordering::Relaxed));
-        self.held_with_ceiling.load(Ordering::Relaxed).min(held)
+        self.held_with_ceiling
+            .as_ref()
+            .map_or(0, |count| count.load(Ordering::Relaxed))
+            .min(held)
+    }
+
+    /// The count a permit holding a slot of the ceiling counts itself in.
+    pub(crate) fn count_with_ceiling(&self) -> Arc<AtomicUsize> {
+        self.held_with_ceiling
+            .clone()
+            .expect("a key of a keyed bulkhead with a ceiling has a count")
     }
 }
 
@@ -300,10 +311,14 @@ pub(crate) struct Keys<K> {
     held: AtomicUsize,
     max_keys: usize,
     evicted: AtomicU64,
-    template: Config,
+    /// Every key's configuration but for its limit (and a reported key's
+    /// name): one for all of them.
+    template: std::sync::Arc<Config>,
     /// The most slots a key may have: the ceiling's limit (a key can never
     /// use more), or the most any bulkhead has.
     max_limit: usize,
+    /// Whether there is a ceiling, whose slots the keys' permits count.
+    with_ceiling: bool,
     limit_of: Option<LimitOf<K>>,
     guarantee_of: Option<LimitOf<K>>,
     weight_of: Option<LimitOf<K>>,
@@ -337,12 +352,13 @@ struct Sweep {
 }
 
 impl<K: Hash + Eq + Clone> Keys<K> {
-    /// Keys spread over `shards` shards, a power of two (see
+    /// Keys of `template` (under a ceiling of `ceiling_limit` slots, if there
+    /// is one) spread over `shards` shards, a power of two (see
     /// [`shard_count`](crate::keyed::shards::shard_count)).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         template: Config,
-        max_limit: Option<usize>,
+        ceiling_limit: Option<usize>,
         limit_of: Option<LimitOf<K>>,
         guarantee_of: Option<LimitOf<K>>,
         weight_of: Option<LimitOf<K>>,
@@ -373,8 +389,9 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             held: AtomicUsize::new(0),
             max_keys,
             evicted: AtomicU64::new(0),
-            template,
-            max_limit: max_limit.unwrap_or(MAX_SLOTS).clamp(1, MAX_SLOTS),
+            template: std::sync::Arc::new(template),
+            max_limit: ceiling_limit.unwrap_or(MAX_SLOTS).clamp(1, MAX_SLOTS),
+            with_ceiling: ceiling_limit.is_some(),
             limit_of,
             guarantee_of,
             weight_of,
@@ -643,7 +660,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             line: Arc::new(KeyLine {
                 guarantee: self.guarantee_of.as_ref().map_or(0, |of| of(key)),
                 waiting_for_ceiling: AtomicUsize::new(0),
-                held_with_ceiling: Arc::new(AtomicUsize::new(0)),
+                held_with_ceiling: self.with_ceiling.then(|| Arc::new(AtomicUsize::new(0))),
                 turn: KeyTurn::default(),
                 weight: weight(self.weight_of.as_ref().map_or(1, |of| of(key))),
                 last_taken: AtomicU64::new(0),
@@ -652,48 +669,41 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     }
 
     /// A bulkhead for `key`: the template, with the key's own limit if a
-    /// function gives one (held to 1 ..= `max_limit`). The template was
-    /// validated when the keyed bulkhead was built, and a limit in that
-    /// range keeps it valid.
+    /// function gives one (held to 1 ..= `max_limit`; an adaptive limit's
+    /// bounds are kept within it). The template was validated when the
+    /// keyed bulkhead was built, and a limit in that range keeps it valid.
     fn bulkhead_for(&self, key: &K) -> Bulkhead {
-        let mut config = self.template.clone();
-        config.limit = match &self.limit_of {
+        let limit = match &self.limit_of {
             Some(limit_of) => limit_of(key),
-            None => config.limit,
+            None => self.template.limit,
         }
         .clamp(1, self.max_limit);
-        // An adaptive limit's bounds are kept within the key's own limit.
-        if let Some(adaptive) = &mut config.adaptive {
-            adaptive.min = adaptive.min.min(config.limit);
-            adaptive.initial = adaptive
-                .initial
-                .map(|initial| initial.clamp(adaptive.min, config.limit));
-        }
         // No series per key unless the key is one to report: their number
         // is unbounded. (The ceiling, a plain bulkhead, reports as any does;
         // per-key figures are in the keyed bulkhead's status.)
         #[cfg(feature = "metrics")]
         if let Some(label) = self.label_to_report(key) {
+            let mut config = Config::clone(&self.template);
             config.name = Some(match &config.name {
                 Some(name) => format!("{name}/{label}").into(),
                 None => label.into(),
             });
-            return self.make(config);
+            return self.make(std::sync::Arc::new(config), limit);
         }
         #[cfg(feature = "metrics")]
-        return metrics::with_local_recorder(&metrics::NoopRecorder, || self.make(config));
+        return metrics::with_local_recorder(&metrics::NoopRecorder, || {
+            self.make(self.template.clone(), limit)
+        });
         #[cfg(not(feature = "metrics"))]
-        self.make(config)
+        self.make(self.template.clone(), limit)
     }
 
     /// A key's bulkhead, keeping no history of minutes: a key reports its
     /// totals alone, and the history would grow each busy key by about
     /// 270 KiB a day.
-    fn make(&self, config: Config) -> Bulkhead {
-        Bulkhead::try_new_keeping(config, History::None).unwrap_or_else(|_| {
-            Bulkhead::try_new_keeping(self.template.clone(), History::None)
-                .expect("the template was validated when the keyed bulkhead was built")
-        })
+    fn make(&self, config: std::sync::Arc<Config>, limit: usize) -> Bulkhead {
+        Bulkhead::try_new_keeping(config, limit, History::None)
+            .expect("the template was validated when the keyed bulkhead was built")
     }
 
     /// `key`'s label, if the configuration names it one to report and no
