@@ -22,6 +22,22 @@
 //! bulkhead lets them, waiting up to a second for a slot. The dependency
 //! counts the calls inside its route at once, and how long each took.
 //!
+//! `--replicas-start-late` runs something else: replicas offered the same
+//! load above a ceiling of 8 (`--fleet-ceiling`), the last one started a
+//! second late (`--late-ms`; `--late N` of them), and a table of each
+//! one's share of the calls served from a second after the last start, with
+//! its lowest and highest share over any 2 s within, over its fair share
+//! (1.00: fair). Options: `--replicas N` (4), `--workers N` (8 a replica,
+//! each its local limit too), `--wait-ms N` (0: no wait budget; a shed
+//! worker asks again after a millisecond), `--light-workers N` (the first
+//! replica's workers), `--weights 2,1,1` (one a replica), `--seconds S`
+//! (4, after the late start), `--route-ms N` (50), `--json`.
+//! `tests/cluster_processes.rs` runs it.
+//!
+//! ```text
+//! cargo run --release --example cluster --features redis -- --replicas-start-late
+//! ```
+//!
 //! The same binary is the replica (`--node ...`) and a replica that takes
 //! leases and hangs until it is killed (`--hold N ...`, for the tests).
 
@@ -65,6 +81,37 @@ fn number(name: &str, default: u64) -> u64 {
     })
 }
 
+/// The Redis to use: `--redis`, or a server of the demo's own, running
+/// while the second value lives.
+fn redis() -> (String, Option<OwnRedis>) {
+    match arg("--redis") {
+        Some(url) => (url, None),
+        None => {
+            let server = OwnRedis::start();
+            (server.url(), Some(server))
+        }
+    }
+}
+
+/// What the route did from `from` to `to` (Unix milliseconds): calls
+/// served, microseconds busy, and the most calls inside it at once.
+async fn measure(route: &Route, from: u64, to: u64) -> (u64, u64, usize) {
+    tokio::time::sleep(Duration::from_millis(from.saturating_sub(unix_millis()))).await;
+    route
+        .peak
+        .store(route.inside.load(Ordering::SeqCst), Ordering::SeqCst);
+    let (served, busy) = (
+        route.served.load(Ordering::SeqCst),
+        route.busy_micros.load(Ordering::SeqCst),
+    );
+    tokio::time::sleep(Duration::from_millis(to.saturating_sub(unix_millis()))).await;
+    (
+        route.served.load(Ordering::SeqCst) - served,
+        route.busy_micros.load(Ordering::SeqCst) - busy,
+        route.peak.load(Ordering::SeqCst),
+    )
+}
+
 fn unix_millis() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -76,6 +123,8 @@ fn unix_millis() -> u64 {
 async fn main() {
     if flag("--node") {
         node().await;
+    } else if flag("--replicas-start-late") {
+        std::process::exit(shares().await);
     } else if let Some(count) = arg("--hold") {
         hold(count.parse().expect("--hold takes a count")).await;
     } else {
@@ -103,42 +152,9 @@ async fn parent() -> i32 {
             .filter(|fraction| (0.0..=1.0).contains(fraction))
             .unwrap_or_else(|| panic!("--min-goodput takes a fraction from 0 to 1, not {value:?}"))
     });
-    let _own_redis;
-    let redis_url = match arg("--redis") {
-        Some(url) => url,
-        None => {
-            let server = OwnRedis::start();
-            let url = server.url();
-            _own_redis = server;
-            url
-        }
-    };
+    let (redis_url, _own_redis) = redis();
 
-    let route = Arc::new(Route::default());
-    let app = Router::new().route(
-        "/work",
-        get({
-            let route = route.clone();
-            move || {
-                let route = route.clone();
-                async move {
-                    let started = Instant::now();
-                    let inside = route.inside.fetch_add(1, Ordering::SeqCst) + 1;
-                    route.peak.fetch_max(inside, Ordering::SeqCst);
-                    tokio::time::sleep(route_time).await;
-                    route.inside.fetch_sub(1, Ordering::SeqCst);
-                    route.served.fetch_add(1, Ordering::SeqCst);
-                    route
-                        .busy_micros
-                        .fetch_add(started.elapsed().as_micros() as u64, Ordering::SeqCst);
-                    "done"
-                }
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let dependency = format!("http://{}/work", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let (route, dependency) = serve_route(route_time).await;
 
     println!(
         "{REPLICAS} replicas, each a bulkhead of {LOCAL_LIMIT} with {WORKERS} workers, \
@@ -200,6 +216,37 @@ async fn parent() -> i32 {
     }
 }
 
+/// The dependency: one route that takes `route_time`, counting the calls
+/// inside it. Returns its counts and its address.
+async fn serve_route(route_time: Duration) -> (Arc<Route>, String) {
+    let route = Arc::new(Route::default());
+    let app = Router::new().route(
+        "/work",
+        get({
+            let route = route.clone();
+            move || {
+                let route = route.clone();
+                async move {
+                    let started = Instant::now();
+                    let inside = route.inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    route.peak.fetch_max(inside, Ordering::SeqCst);
+                    tokio::time::sleep(route_time).await;
+                    route.inside.fetch_sub(1, Ordering::SeqCst);
+                    route.served.fetch_add(1, Ordering::SeqCst);
+                    route
+                        .busy_micros
+                        .fetch_add(started.elapsed().as_micros() as u64, Ordering::SeqCst);
+                    "done"
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dependency = format!("http://{}/work", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (route, dependency)
+}
+
 struct Run {
     peak: usize,
     served: u64,
@@ -237,26 +284,18 @@ async fn run(
     // Measured from a little after the start to a little before the end,
     // when every replica is running.
     let (from, to) = (start_at + 300, start_at + seconds * 1_000 - 100);
-    tokio::time::sleep(Duration::from_millis(from.saturating_sub(unix_millis()))).await;
-    route
-        .peak
-        .store(route.inside.load(Ordering::SeqCst), Ordering::SeqCst);
-    let (served, busy) = (
-        route.served.load(Ordering::SeqCst),
-        route.busy_micros.load(Ordering::SeqCst),
-    );
-    tokio::time::sleep(Duration::from_millis(to.saturating_sub(unix_millis()))).await;
-    let served = route.served.load(Ordering::SeqCst) - served;
-    let busy = route.busy_micros.load(Ordering::SeqCst) - busy;
-    let peak = route.peak.load(Ordering::SeqCst);
+    let (served, busy, peak) = measure(route, from, to).await;
 
     let (mut shed, mut errors) = (0, 0);
     for child in children {
         let output = tokio::task::spawn_blocking(|| child.wait_with_output().unwrap())
             .await
             .unwrap();
-        let line = String::from_utf8_lossy(&output.stdout);
-        let counts: Vec<u64> = line
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let counts: Vec<u64> = stdout
+            .lines()
+            .next()
+            .unwrap_or_default()
             .split_whitespace()
             .map(|count| count.parse().unwrap())
             .collect();
@@ -270,6 +309,189 @@ async fn run(
         route_time: busy as f64 / 1e6 / served.max(1) as f64,
         shed,
         errors,
+    }
+}
+
+/// `--replicas-start-late`: replicas offered the same load above the
+/// ceiling, the last of them starting late; prints each one's share of the
+/// calls served once all have run for a second, and its lowest and highest
+/// share over any 2 s within, against its fair share (1.00: fair).
+async fn shares() -> i32 {
+    let replicas = number("--replicas", REPLICAS as u64) as usize;
+    let late = number("--late", 1) as usize;
+    let late_ms = number("--late-ms", 1_000);
+    let ceiling = number("--fleet-ceiling", 8);
+    let workers = number("--workers", 8);
+    let wait_ms = number("--wait-ms", 0);
+    let seconds = number("--seconds", 4);
+    let route_time = Duration::from_millis(number("--route-ms", 50));
+    // A light replica: the first runs this many workers.
+    let light = arg("--light-workers").map(|light| light.parse::<u64>().unwrap());
+    let weights: Vec<u64> = match arg("--weights") {
+        Some(weights) => weights.split(',').map(|w| w.parse().unwrap()).collect(),
+        None => vec![1; replicas],
+    };
+    assert_eq!(weights.len(), replicas, "--weights: one per replica");
+    assert!(
+        seconds >= 3,
+        "--seconds: at least 3 (a second to settle, 2 s measured)"
+    );
+    let (redis_url, _own_redis) = redis();
+    let (route, dependency) = serve_route(route_time).await;
+
+    let name = format!("shares-{}-{}", std::process::id(), unix_millis());
+    let epoch = unix_millis() + 1_000;
+    let late_at = epoch + late_ms;
+    let end_at = late_at + seconds * 1_000;
+    let starts: Vec<u64> = (0..replicas)
+        .map(|i| {
+            if i >= replicas - late.min(replicas) {
+                late_at
+            } else {
+                epoch
+            }
+        })
+        .collect();
+    let children: Vec<Child> = (0..replicas)
+        .map(|i| {
+            let workers = match light {
+                Some(light) if i == 0 => light,
+                _ => workers,
+            };
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--node", "--dependency", &dependency, "--redis", &redis_url])
+                .args(["--name", &name, "--ceiling", &ceiling.to_string()])
+                .args(["--start-at", &starts[i].to_string()])
+                .args(["--end-at", &end_at.to_string()])
+                .args(["--epoch", &epoch.to_string()])
+                .args(["--workers", &workers.to_string()])
+                .args(["--local", &workers.max(1).to_string()])
+                .args(["--wait-ms", &wait_ms.to_string()])
+                .args(["--shed-pause-ms", "1"])
+                .args(["--weight", &weights[i].to_string()])
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("a replica starts")
+        })
+        .collect();
+
+    // Measured once every replica has run for a second, to a little
+    // before the end.
+    let (from, to) = (late_at + 1_000, end_at - 100);
+    let (served, busy, peak) = measure(&route, from, to).await;
+    let window = (to - from) as f64 / 1_000.0;
+    let call_time = busy as f64 / 1e6 / served.max(1) as f64;
+    let goodput = served as f64 / (ceiling as f64 * window / call_time);
+
+    let mut tenths = Vec::new();
+    let (mut errors, mut refusals) = (0, Vec::new());
+    for child in children {
+        let output = tokio::task::spawn_blocking(|| child.wait_with_output().unwrap())
+            .await
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let mut lines = stdout.lines();
+        let counts: Vec<u64> = lines
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(|count| count.parse().unwrap())
+            .collect();
+        errors += counts.get(2).copied().unwrap_or(1);
+        refusals.push((
+            counts.get(3).copied().unwrap_or_default(),
+            counts.get(4).copied().unwrap_or_default(),
+        ));
+        tenths.push(
+            lines
+                .next()
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(|count| count.parse::<u64>().unwrap())
+                .collect::<Vec<_>>(),
+        );
+    }
+    // Calls served by each replica in the tenths of a second [a, b) since
+    // the epoch.
+    let tenth = |at: u64| ((at - epoch) / 100) as usize;
+    let in_range = |replica: usize, a: usize, b: usize| -> u64 {
+        tenths[replica].iter().skip(a).take(b - a).sum()
+    };
+    let total_weight: u64 = weights.iter().sum();
+    let fair = |replica: usize| weights[replica] as f64 / total_weight as f64;
+    let share = |replica: usize, a: usize, b: usize| {
+        let all: u64 = (0..replicas).map(|r| in_range(r, a, b)).sum();
+        in_range(replica, a, b) as f64 / all.max(1) as f64
+    };
+    let (a, b) = (tenth(from), tenth(to));
+    println!(
+        "{replicas} replicas, each {workers} workers{}, under a ceiling of {ceiling}, \
+         wait budget {wait_ms} ms; {late} started {late_ms} ms late; route {} ms\n",
+        light.map_or(String::new(), |light| format!(" (the first {light})")),
+        route_time.as_millis()
+    );
+    println!(
+        "{:<8} {:>6} {:>9} {:>7} {:>7} {:>8} {:>10} {:>11} {:>9} {:>9}",
+        "replica",
+        "weight",
+        "starts",
+        "served",
+        "share",
+        "vs fair",
+        "lowest 2s",
+        "highest 2s",
+        "refused",
+        "deferred"
+    );
+    let (mut lows, mut highs, mut shares) = (Vec::new(), Vec::new(), Vec::new());
+    for (replica, start_at) in starts.iter().enumerate() {
+        let (mut low, mut high) = (f64::MAX, 0f64);
+        // Every 2 s window within, a tenth of a second apart.
+        for start in a..=b.saturating_sub(20).max(a) {
+            let end = (start + 20).min(b);
+            let ratio = share(replica, start, end) / fair(replica);
+            low = low.min(ratio);
+            high = high.max(ratio);
+        }
+        let whole = share(replica, a, b);
+        println!(
+            "{:<8} {:>6} {:>9} {:>7} {:>6.1}% {:>8.2} {:>10.2} {:>11.2} {:>9} {:>9}",
+            replica,
+            weights[replica],
+            format!("+{} ms", start_at - epoch),
+            in_range(replica, a, b),
+            whole * 100.0,
+            whole / fair(replica),
+            low,
+            high,
+            refusals[replica].0,
+            refusals[replica].1,
+        );
+        shares.push(format!("{whole:.4}"));
+        lows.push(format!("{low:.3}"));
+        highs.push(format!("{high:.3}"));
+    }
+    println!(
+        "\nmeasured from 1 s after the late start, {window:.1} s; peak {peak} inside the route; \
+         goodput {:.1} % of what {ceiling} slots serve; vs fair: a share over its weight's \
+         (1.00 = fair); lowest/highest 2s: over any 2 s within; refused: leases refused \
+         over the whole run, deferred: of those, refused while places were free, kept for \
+         replicas ahead in line",
+        goodput * 100.0
+    );
+    if flag("--json") {
+        println!(
+            r#"{{"replicas":{replicas},"ceiling":{ceiling},"peak":{peak},"goodput":{goodput:.4},"errors":{errors},"shares":[{}],"low":[{}],"high":[{}]}}"#,
+            shares.join(","),
+            lows.join(","),
+            highs.join(",")
+        );
+    }
+    if peak > ceiling as usize || errors > 0 {
+        eprintln!("the ceiling did not hold, or a call failed");
+        1
+    } else {
+        0
     }
 }
 
@@ -288,18 +510,32 @@ fn ceiling_config(local: usize, wait: Option<Duration>) -> Config {
         if let Some(lease) = arg("--lease-ms") {
             ceiling = ceiling.lease(Duration::from_millis(lease.parse().unwrap()));
         }
+        if let Some(weight) = arg("--weight") {
+            ceiling = ceiling.weight(weight.parse().unwrap());
+        }
         config = config.cluster_ceiling(ceiling);
     }
     config
 }
 
 /// A replica: its workers call the dependency through its bulkhead until
-/// the run ends, then it prints `admitted shed errors`.
+/// the run ends, then it prints `admitted shed errors refused deferred`
+/// (its leases refused, and of those the ones refused while places were
+/// free, kept for replicas ahead in line), and on a second line the calls
+/// served in each tenth of a second since `--epoch`.
 async fn node() {
     let dependency: http::Uri = arg("--dependency").expect("--dependency").parse().unwrap();
     let start_at = number("--start-at", 0);
-    let end_at = start_at + number("--seconds", 4) * 1_000;
-    let layer = ConcurrencyLayer::new(ceiling_config(LOCAL_LIMIT, Some(Duration::from_secs(1))));
+    let end_at = number("--end-at", start_at + number("--seconds", 4) * 1_000);
+    let epoch = number("--epoch", start_at);
+    let workers = number("--workers", WORKERS as u64) as usize;
+    let wait = Duration::from_millis(number("--wait-ms", 1_000));
+    let shed_pause = Duration::from_millis(number("--shed-pause-ms", 0));
+    let layer = ConcurrencyLayer::new(ceiling_config(
+        number("--local", LOCAL_LIMIT as u64) as usize,
+        (!wait.is_zero()).then_some(wait),
+    ));
+    let bulkhead = layer.bulkhead();
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
     let service = ServiceBuilder::new().layer(layer).service(client);
     tokio::time::sleep(Duration::from_millis(
@@ -308,10 +544,16 @@ async fn node() {
     .await;
 
     let counts = Arc::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]);
-    let workers: Vec<_> = (0..WORKERS)
+    let tenths = (end_at.saturating_sub(epoch) / 100 + 1) as usize;
+    let served: Arc<Vec<AtomicU64>> = Arc::new((0..tenths).map(|_| AtomicU64::new(0)).collect());
+    let workers: Vec<_> = (0..workers)
         .map(|_| {
-            let (mut service, dependency, counts) =
-                (service.clone(), dependency.clone(), counts.clone());
+            let (mut service, dependency, counts, served) = (
+                service.clone(),
+                dependency.clone(),
+                counts.clone(),
+                served.clone(),
+            );
             tokio::spawn(async move {
                 while unix_millis() < end_at {
                     let request = Request::get(dependency.clone()).body(Empty::new()).unwrap();
@@ -322,12 +564,19 @@ async fn node() {
                     let counted = match outcome {
                         Ok(response) => {
                             let _ = response.into_body().collect().await;
+                            let tenth = unix_millis().saturating_sub(epoch) / 100;
+                            if let Some(served) = served.get(tenth as usize) {
+                                served.fetch_add(1, Ordering::Relaxed);
+                            }
                             0
                         }
                         Err(error) if error.is::<ServiceSaturated>() => 1,
                         Err(_) => 2,
                     };
                     counts[counted].fetch_add(1, Ordering::Relaxed);
+                    if counted == 1 && !shed_pause.is_zero() {
+                        tokio::time::sleep(shed_pause).await;
+                    }
                 }
             })
         })
@@ -336,12 +585,20 @@ async fn node() {
         worker.await.unwrap();
     }
     let [admitted, shed, errors] = &*counts;
+    let cluster = bulkhead.status().cluster.unwrap_or_default();
     println!(
-        "{} {} {}",
+        "{} {} {} {} {}",
         admitted.load(Ordering::Relaxed),
         shed.load(Ordering::Relaxed),
-        errors.load(Ordering::Relaxed)
+        errors.load(Ordering::Relaxed),
+        cluster.leases_refused,
+        cluster.leases_deferred,
     );
+    let served: Vec<String> = served
+        .iter()
+        .map(|tenth| tenth.load(Ordering::Relaxed).to_string())
+        .collect();
+    println!("{}", served.join(" "));
 }
 
 /// Takes `count` leases, says so, and hangs until killed.
