@@ -93,13 +93,25 @@ fn four_replicas_never_exceed_the_ceiling_and_keep_it_busy() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    // Inside the route, across the four processes: never more than the
-    // ceiling, though their local limits add up to 32.
-    assert!(
-        field(summary, "peak") <= field(summary, "ceiling"),
-        "{stdout}"
-    );
+    println!("{stdout}");
+    within_the_ceiling(summary, &stdout);
     assert_eq!(field(summary, "errors"), 0.0, "{stdout}");
+}
+
+/// Inside the route, across the replica processes: never more calls on a
+/// lease than the ceiling, though their local limits add up to more; more
+/// calls in all only with calls admitted without a lease inside, Redis
+/// away (`FailOpen`, the documented exception: docs/cluster.md).
+fn within_the_ceiling(summary: &str, stdout: &str) {
+    let ceiling = field(summary, "ceiling");
+    assert!(
+        field(summary, "peak_leased") <= ceiling,
+        "more calls on a lease than the ceiling: {stdout}"
+    );
+    assert!(
+        field(summary, "peak") <= ceiling || field(summary, "without_lease") > 0.0,
+        "more calls than the ceiling, none of them without a lease: {stdout}"
+    );
 }
 
 #[tokio::test]
@@ -161,7 +173,7 @@ async fn a_killed_replica_s_slots_come_back_after_its_lease_not_before() {
 }
 
 /// The last line of a shares run (its table printed), which must have
-/// kept the ceiling and failed no call.
+/// kept the ceiling (see [`within_the_ceiling`]) and failed no call.
 fn shares_summary(child: Child) -> String {
     let output = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -172,10 +184,7 @@ fn shares_summary(child: Child) -> String {
         String::from_utf8_lossy(&output.stderr)
     );
     let summary = stdout.lines().last().unwrap_or_default().to_owned();
-    assert!(
-        field(&summary, "peak") <= field(&summary, "ceiling"),
-        "{stdout}"
-    );
+    within_the_ceiling(&summary, &stdout);
     assert_eq!(field(&summary, "errors"), 0.0, "{stdout}");
     summary
 }
