@@ -283,6 +283,33 @@ fn after_a_redis_restart_the_replicas_share_again() {
     each_within_a_fifth(&summary, 0..4);
 }
 
+/// Promise (docs/cluster.md, "When Redis is slow or away"): while Redis
+/// does not answer, each replica admits under its local limit alone
+/// (`FailOpen`, the default), and only those calls, admitted without a
+/// lease, take the fleet over the ceiling; the calls on a lease never do.
+/// The replicas start a second after the run; measured from 2 s to 3.9 s,
+/// Redis frozen (`SIGSTOP`) from 2.5 s to 2.9 s: the replicas' requests
+/// time out, and they admit without leases until their backoff has passed.
+#[test]
+fn a_frozen_redis_over_admits_only_calls_without_a_lease() {
+    let _turn = one_at_a_time();
+    let server = RedisServer::start();
+    let started = Instant::now();
+    let child = spawn_shares(&server, &["--late-ms", "0", "--seconds", "3"]);
+    std::thread::sleep(Duration::from_millis(2_500).saturating_sub(started.elapsed()));
+    server.freeze();
+    std::thread::sleep(Duration::from_millis(400));
+    server.thaw();
+    let summary = shares_summary(child);
+    // Over the ceiling, as the policy says, and so counted: not a run in
+    // which nothing was admitted without a lease.
+    assert!(
+        field(&summary, "peak") > field(&summary, "ceiling")
+            && field(&summary, "without_lease") > 0.0,
+        "{summary}"
+    );
+}
+
 /// Promise: a replica that asks for less than its share lends the rest. One
 /// replica of a single caller (it holds at most one place of 8) beside three
 /// of eight: it is served whenever it asks (its one place), the other three
