@@ -616,6 +616,88 @@ mod tests {
         assert_eq!(left, 0, "no lease, no count");
     }
 
+    /// Three replicas' requests in a random order: new tokens carrying
+    /// releases, requests sent again, releases sent apart, leases that run
+    /// out. After each, the leases held are within the limit, a token
+    /// answered granted is held, and each replica's count is its leases.
+    #[tokio::test]
+    async fn random_requests_keep_the_limit_and_each_replica_s_count() {
+        let Some(mut redis) =
+            Server::start("random_requests_keep_the_limit_and_each_replica_s_count").await
+        else {
+            return;
+        };
+        const LIMIT: usize = 3;
+        let replicas = [A, B, "cccccccccccccccc"];
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut random = move |below: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % below as u64) as usize
+        };
+        // Each replica's tokens answered granted and not given back.
+        let mut held: Vec<Vec<String>> = vec![Vec::new(); replicas.len()];
+        let mut asked: Vec<String> = Vec::new();
+        for step in 0..1_500u64 {
+            let r = random(replicas.len());
+            let granted = match random(10) {
+                0..=4 => {
+                    let token = token(replicas[r], step);
+                    let mut carried = Vec::new();
+                    for _ in 0..random(3) {
+                        if !held[r].is_empty() {
+                            let at = random(held[r].len());
+                            carried.push(held[r].swap_remove(at));
+                        }
+                    }
+                    let carried: Vec<&str> = carried.iter().map(String::as_str).collect();
+                    let lease = if random(4) == 0 { 3 } else { LONG };
+                    asked.push(token.clone());
+                    let answer = redis.acquire(LIMIT, lease, &token, 30, &carried).await;
+                    answer.admitted.then_some(token)
+                }
+                5..=6 if !asked.is_empty() => {
+                    let token = asked[random(asked.len())].clone();
+                    let answer = redis.acquire(LIMIT, LONG, &token, 30, &[]).await;
+                    answer.admitted.then_some(token)
+                }
+                7..=8 if !held[r].is_empty() => {
+                    let at = random(held[r].len());
+                    let token = held[r].swap_remove(at);
+                    redis.release(&[&token]).await;
+                    None
+                }
+                _ => {
+                    tokio::time::sleep(Duration::from_millis(4)).await;
+                    None
+                }
+            };
+            if let Some(token) = granted {
+                let score: Option<f64> = redis.connection.zscore(KEY, &token).await.unwrap();
+                assert!(score.is_some_and(|score| score > 0.0), "step {step}: {token} not held");
+                let owner = replicas.iter().position(|r| token.starts_with(r)).unwrap();
+                if !held[owner].contains(&token) {
+                    held[owner].push(token);
+                }
+            }
+            let leases: Vec<String> = redis
+                .connection
+                .zrangebyscore(KEY, "(0", "+inf")
+                .await
+                .unwrap();
+            assert!(leases.len() <= LIMIT, "step {step}: {leases:?}");
+            for replica in replicas {
+                let theirs = leases.iter().filter(|l| l.starts_with(replica)).count();
+                assert_eq!(
+                    redis.holds(replica).await,
+                    theirs as i64,
+                    "step {step}: {replica}'s count"
+                );
+            }
+        }
+    }
+
     /// Thousands of replicas waiting at once: the script looks at 32 of
     /// them, whatever their number (an earlier design read them all in one
     /// command, and past about 4,000 overflowed Lua's stack).
