@@ -336,6 +336,7 @@ async fn run(
             if let Some(ceiling) = ceiling {
                 command.args(["--ceiling", &ceiling.to_string()]);
             }
+            command.args(timeout_arg());
             command.spawn().expect("a replica starts")
         })
         .collect();
@@ -457,6 +458,7 @@ async fn shares() -> i32 {
                 .args(["--wait-ms", &wait_ms.to_string()])
                 .args(["--shed-pause-ms", "1"])
                 .args(["--weight", &weights[i].to_string()])
+                .args(timeout_arg())
                 .stdout(Stdio::piped())
                 .spawn()
                 .expect("a replica starts")
@@ -586,6 +588,11 @@ async fn shares() -> i32 {
     } else {
         0
     }
+}
+
+/// `--timeout-ms`, if given, passed on to a replica.
+fn timeout_arg() -> Vec<String> {
+    arg("--timeout-ms").map_or_else(Vec::new, |timeout| vec!["--timeout-ms".into(), timeout])
 }
 
 /// Whether a replica's ceiling has found Redis away (its
