@@ -227,12 +227,13 @@ async fn parent() -> i32 {
                 failed = true;
             }
             summary = format!(
-                r#"{{"ceiling":{ceiling},"peak":{},"peak_leased":{},"without_lease":{},"admitted_without_lease":{},"redis_errors":{},"deferred":{},"served":{},"capacity":{:.1},"goodput":{goodput:.4},"errors":{}}}"#,
+                r#"{{"ceiling":{ceiling},"peak":{},"peak_leased":{},"without_lease":{},"admitted_without_lease":{},"redis_errors":{},"refused":{},"deferred":{},"served":{},"capacity":{:.1},"goodput":{goodput:.4},"errors":{}}}"#,
                 measured.peak,
                 measured.peak_leased,
                 measured.without_lease,
                 run.admitted_without_lease,
                 run.redis_errors,
+                run.refused,
                 run.deferred,
                 measured.served,
                 capacity.unwrap_or_default(),
@@ -311,7 +312,9 @@ struct Run {
     admitted_without_lease: u64,
     /// The replicas' commands to Redis that failed or timed out.
     redis_errors: u64,
-    /// Leases refused while places were free, kept for replicas ahead.
+    /// Leases refused, and of those, refused while places were free, kept
+    /// for replicas ahead.
+    refused: u64,
     deferred: u64,
 }
 
@@ -353,6 +356,7 @@ async fn run(
         errors: 0,
         admitted_without_lease: 0,
         redis_errors: 0,
+        refused: 0,
         deferred: 0,
     };
     for child in children {
@@ -364,6 +368,7 @@ async fn run(
         run.errors += counts.errors;
         run.admitted_without_lease += counts.admitted_without_lease;
         run.redis_errors += counts.redis_errors;
+        run.refused += counts.refused;
         run.deferred += counts.deferred;
     }
     run
