@@ -108,7 +108,10 @@ fn within_the_ceiling(summary: &str, stdout: &str) {
     // `TOWER_INFLIGHT_CLUSTER_EXAMPLE`): every call as if on a lease.
     let counted_apart = summary.contains("\"peak_leased\":");
     let (peak_leased, without_lease) = match counted_apart {
-        true => (field(summary, "peak_leased"), field(summary, "without_lease")),
+        true => (
+            field(summary, "peak_leased"),
+            field(summary, "without_lease"),
+        ),
         false => (peak, 0.0),
     };
     assert!(

@@ -675,7 +675,10 @@ mod tests {
             };
             if let Some(token) = granted {
                 let score: Option<f64> = redis.connection.zscore(KEY, &token).await.unwrap();
-                assert!(score.is_some_and(|score| score > 0.0), "step {step}: {token} not held");
+                assert!(
+                    score.is_some_and(|score| score > 0.0),
+                    "step {step}: {token} not held"
+                );
                 let owner = replicas.iter().position(|r| token.starts_with(r)).unwrap();
                 if !held[owner].contains(&token) {
                     held[owner].push(token);
