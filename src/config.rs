@@ -390,6 +390,7 @@ impl ConfigError {
             "cluster_ceiling.name" => "ceiling.cluster_ceiling.name",
             "cluster_ceiling.timeout" => "ceiling.cluster_ceiling.timeout",
             "cluster_ceiling.when_unreachable" => "ceiling.cluster_ceiling.when_unreachable",
+            "cluster_ceiling.weight" => "ceiling.cluster_ceiling.weight",
             other => other,
         };
         Self { field, ..self }

@@ -35,7 +35,9 @@ async fn leases(server: &RedisServer, name: &str) -> usize {
         .await
         .unwrap();
     let key = ClusterCeiling::new(server.client(), name, 1).key();
-    connection.zcard(key).await.unwrap()
+    // The leases: the members with a deadline (the others, below zero, are
+    // the fair shares' records).
+    connection.zcount(key, "(0", "+inf").await.unwrap()
 }
 
 /// Waits (up to 10 s) until `name`'s set holds `count` leases: releases
@@ -449,6 +451,8 @@ fn bad_settings_are_refused_naming_the_field() {
             "cluster_ceiling.timeout",
         ),
         (ceiling().backoff(Duration::MAX), "cluster_ceiling.backoff"),
+        (ceiling().weight(0), "cluster_ceiling.weight"),
+        (ceiling().weight(1_001), "cluster_ceiling.weight"),
         (
             ceiling().when_unreachable(WhenUnreachable::LocalLimit(0)),
             "cluster_ceiling.when_unreachable",

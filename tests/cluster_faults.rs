@@ -40,7 +40,13 @@ fn key(server: &RedisServer, name: &str) -> String {
 }
 
 async fn leases(server: &RedisServer, name: &str) -> usize {
-    admin(server).await.zcard(key(server, name)).await.unwrap()
+    // The leases: the members with a deadline (the others, below zero, are
+    // the fair shares' records).
+    admin(server)
+        .await
+        .zcount(key(server, name), "(0", "+inf")
+        .await
+        .unwrap()
 }
 
 /// Polls every future on each wake-up, all in one go (as callers arriving
@@ -178,7 +184,10 @@ async fn a_lease_never_ends_before_its_lease_has_run() {
         let before = server_micros(&mut connection).await;
         let permit = bulkhead.acquire().await.unwrap();
         let after = server_micros(&mut connection).await;
-        let held: Vec<(String, u64)> = connection.zrange_withscores(&key, 0, -1).await.unwrap();
+        let held: Vec<(String, u64)> = connection
+            .zrangebyscore_withscores(&key, "(0", "+inf")
+            .await
+            .unwrap();
         assert_eq!(held.len(), 1, "only this permit's lease: {held:?}");
         let deadline_micros = held[0].1 * 1_000;
         // Granted between `before` and `after`: its lease runs until at

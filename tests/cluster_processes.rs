@@ -6,12 +6,23 @@
 //! apt-get install redis-server
 //! cargo test --features redis --examples --test cluster_processes
 //! ```
+//!
+//! The fair shares' tests run the example's `--replicas-start-late` run and
+//! print its table (`--nocapture`): each replica's share of the calls
+//! served, from a second after the last replica started, and its lowest and
+//! highest share over any 2 s within, over its fair share (1.00: fair).
+//! `TOWER_INFLIGHT_CLUSTER_EXAMPLE` names another build of the example to
+//! run (one from before fair shares fails them: measured, a replica started
+//! late got none, and four started together split the calls 0, 0, 0.14 and
+//! 0.86). The runs take turns: on two cores, four replicas of one run beside
+//! four of another would measure the machine.
 
 mod support;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 use support::redis_server::RedisServer;
 use tower_inflight::redis::ClusterCeiling;
@@ -19,6 +30,9 @@ use tower_inflight::{Bulkhead, Config, ShedReason};
 
 /// The example's binary, built beside this test by `cargo test`.
 fn example() -> PathBuf {
+    if let Some(path) = std::env::var_os("TOWER_INFLIGHT_CLUSTER_EXAMPLE") {
+        return path.into();
+    }
     let mut path = std::env::current_exe().unwrap();
     path.pop(); // deps/
     path.pop();
@@ -32,6 +46,12 @@ fn example() -> PathBuf {
     path
 }
 
+/// One run of replicas at a time.
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static RUNS: Mutex<()> = Mutex::new(());
+    RUNS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 fn field(json: &str, name: &str) -> f64 {
     let at = json
         .find(&format!("\"{name}\":"))
@@ -41,8 +61,20 @@ fn field(json: &str, name: &str) -> f64 {
     rest[..end].parse().unwrap()
 }
 
+fn list(json: &str, name: &str) -> Vec<f64> {
+    let at = json
+        .find(&format!("\"{name}\":["))
+        .unwrap_or_else(|| panic!("no {name} in {json}"));
+    let rest = &json[at + name.len() + 4..];
+    rest[..rest.find(']').unwrap()]
+        .split(',')
+        .map(|value| value.parse().unwrap())
+        .collect()
+}
+
 #[test]
 fn four_replicas_never_exceed_the_ceiling_and_keep_it_busy() {
+    let _turn = one_at_a_time();
     let server = RedisServer::start();
     let output = Command::new(example())
         .args(["--redis", &server.url(), "--seconds", "3", "--json"])
@@ -61,17 +93,43 @@ fn four_replicas_never_exceed_the_ceiling_and_keep_it_busy() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    // Inside the route, across the four processes: never more than the
-    // ceiling, though their local limits add up to 32.
-    assert!(
-        field(summary, "peak") <= field(summary, "ceiling"),
-        "{stdout}"
-    );
+    println!("{stdout}");
+    within_the_ceiling(summary, &stdout);
     assert_eq!(field(summary, "errors"), 0.0, "{stdout}");
 }
 
+/// Inside the route, across the replica processes: never more calls on a
+/// lease than the ceiling, though their local limits add up to more; more
+/// calls in all only with calls admitted without a lease inside, Redis
+/// away (`FailOpen`, the documented exception: docs/cluster.md).
+fn within_the_ceiling(summary: &str, stdout: &str) {
+    let (ceiling, peak) = (field(summary, "ceiling"), field(summary, "peak"));
+    // A build of the example from before it counted them apart (see
+    // `TOWER_INFLIGHT_CLUSTER_EXAMPLE`): every call as if on a lease.
+    let counted_apart = summary.contains("\"peak_leased\":");
+    let (peak_leased, without_lease) = match counted_apart {
+        true => (
+            field(summary, "peak_leased"),
+            field(summary, "without_lease"),
+        ),
+        false => (peak, 0.0),
+    };
+    assert!(
+        peak_leased <= ceiling,
+        "more calls on a lease than the ceiling: {stdout}"
+    );
+    assert!(
+        peak <= ceiling || without_lease > 0.0,
+        "more calls than the ceiling, none of them without a lease: {stdout}"
+    );
+}
+
 #[tokio::test]
+// The turn is held for the whole test, on its own thread: nothing else in
+// its runtime takes it.
+#[allow(clippy::await_holding_lock)]
 async fn a_killed_replica_s_slots_come_back_after_its_lease_not_before() {
+    let _turn = one_at_a_time();
     let server = RedisServer::start();
     let lease = Duration::from_millis(1_500);
     let started = Instant::now();
@@ -122,4 +180,214 @@ async fn a_killed_replica_s_slots_come_back_after_its_lease_not_before() {
     }
     assert_eq!(bulkhead.status().cluster.unwrap().leases_reclaimed, 3);
     drop(admitted);
+}
+
+/// The last line of a shares run (its table printed), which must have
+/// kept the ceiling (see [`within_the_ceiling`]) and failed no call.
+fn shares_summary(child: Child) -> String {
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    println!("{stdout}");
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary = stdout.lines().last().unwrap_or_default().to_owned();
+    within_the_ceiling(&summary, &stdout);
+    assert_eq!(field(&summary, "errors"), 0.0, "{stdout}");
+    summary
+}
+
+/// A shares run against `server` with `args`. Its replicas give Redis 1 s
+/// a request unless `args` says otherwise: a debug build on a loaded
+/// machine can take longer than the default 100 ms, and a replica that
+/// times out admits without leases for its backoff (`FailOpen`), which is
+/// not what the shares measure (see
+/// `a_frozen_redis_over_admits_only_calls_without_a_lease`).
+fn spawn_shares(server: &RedisServer, args: &[&str]) -> Child {
+    let timeout = match args.contains(&"--timeout-ms") {
+        true => None,
+        false => Some(["--timeout-ms", "1000"]),
+    };
+    Command::new(example())
+        .args(["--replicas-start-late", "--json", "--redis", &server.url()])
+        .args(timeout.iter().flatten())
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Runs the example's shares run against `server` with `args`.
+fn shares(server: &RedisServer, args: &[&str]) -> String {
+    shares_summary(spawn_shares(server, args))
+}
+
+/// Each of `replicas` got from 0.8 to 1.2 of its fair share over every
+/// 2 s of the measured window.
+fn each_within_a_fifth(summary: &str, replicas: std::ops::Range<usize>) {
+    let (low, high) = (list(summary, "low"), list(summary, "high"));
+    for replica in replicas {
+        assert!(
+            low[replica] >= 0.8 && high[replica] <= 1.2,
+            "replica {replica}: from {} to {} of its fair share over 2 s: {summary}",
+            low[replica],
+            high[replica],
+        );
+    }
+}
+
+/// Promise (docs/cluster.md, "Fair shares"): replicas offered equal load
+/// above the ceiling each get within 20 % of an equal share of the calls
+/// over any 2 s, with or without a wait budget. Four replicas of eight
+/// callers (each its local limit) under a ceiling of 8, measured over 3.9 s
+/// from a second after they start.
+#[test]
+fn replicas_under_equal_load_share_the_ceiling_equally() {
+    let _turn = one_at_a_time();
+    let server = RedisServer::start();
+    for wait in ["0", "100"] {
+        let summary = shares(
+            &server,
+            &["--late-ms", "0", "--seconds", "5", "--wait-ms", wait],
+        );
+        each_within_a_fifth(&summary, 0..4);
+    }
+}
+
+/// Promise: three replicas under a ceiling of 8 share it equally over any
+/// 2 s, though at any moment one holds two places and the others three:
+/// the extra places go round (without that, one replica would get 2/8 of
+/// the calls, 0.75 of its share, for as long as the load lasts).
+#[test]
+fn a_ceiling_that_does_not_divide_evenly_goes_round() {
+    let _turn = one_at_a_time();
+    let server = RedisServer::start();
+    let summary = shares(
+        &server,
+        &["--replicas", "3", "--late-ms", "0", "--seconds", "5"],
+    );
+    each_within_a_fifth(&summary, 0..3);
+}
+
+/// Promise: a replica that starts late, the ceiling held by the others,
+/// reaches its share within a second: measured from a second after it
+/// started, its share over any 2 s is within 20 % of a fair one.
+#[test]
+fn a_replica_started_late_reaches_its_share_within_a_second() {
+    let _turn = one_at_a_time();
+    let server = RedisServer::start();
+    let summary = shares(&server, &["--late-ms", "1500", "--seconds", "4"]);
+    each_within_a_fifth(&summary, 0..4);
+}
+
+/// Promise: after Redis restarts empty (every replica admits under its
+/// local limit alone meanwhile, then asks again after its backoff of 1 s),
+/// the replicas share the ceiling again within a second more. The replicas
+/// start together; Redis is restarted 1.5 s later, back by 2 s, asked again
+/// by 3 s; measured from 4 s (`--late-ms 3000` with no late replica).
+#[test]
+fn after_a_redis_restart_the_replicas_share_again() {
+    let _turn = one_at_a_time();
+    let mut server = RedisServer::start();
+    let started = Instant::now();
+    let child = spawn_shares(
+        &server,
+        &["--late", "0", "--late-ms", "3000", "--seconds", "4"],
+    );
+    // The run's epoch is a second after it starts.
+    std::thread::sleep(Duration::from_millis(2_500).saturating_sub(started.elapsed()));
+    server.restart();
+    let summary = shares_summary(child);
+    each_within_a_fifth(&summary, 0..4);
+}
+
+/// Promise (docs/cluster.md, "When Redis is slow or away"): while Redis
+/// does not answer, each replica admits under its local limit alone
+/// (`FailOpen`, the default), and only those calls, admitted without a
+/// lease, take the fleet over the ceiling; the calls on a lease never do.
+/// The replicas start a second after the run; measured from 2 s to 3.9 s,
+/// Redis frozen (`SIGSTOP`) from 2.5 s to 2.9 s: the replicas' requests
+/// time out, and they admit without leases until their backoff has passed.
+#[test]
+fn a_frozen_redis_over_admits_only_calls_without_a_lease() {
+    let _turn = one_at_a_time();
+    let server = RedisServer::start();
+    let started = Instant::now();
+    let child = spawn_shares(
+        &server,
+        &["--late-ms", "0", "--seconds", "3", "--timeout-ms", "100"],
+    );
+    std::thread::sleep(Duration::from_millis(2_500).saturating_sub(started.elapsed()));
+    server.freeze();
+    std::thread::sleep(Duration::from_millis(400));
+    server.thaw();
+    let summary = shares_summary(child);
+    // Over the ceiling, as the policy says, and so counted: not a run in
+    // which nothing was admitted without a lease.
+    assert!(
+        field(&summary, "peak") > field(&summary, "ceiling")
+            && field(&summary, "without_lease") > 0.0,
+        "{summary}"
+    );
+}
+
+/// Promise: a replica that asks for less than its share lends the rest. One
+/// replica of a single caller (it holds at most one place of 8) beside three
+/// of eight: it is served whenever it asks (its one place), the other three
+/// split the other seven places equally, and the ceiling is kept about as
+/// busy as under equal load, measured beside it in the same test (a debug
+/// build on a loaded machine serves less than a release build's figures in
+/// docs/cluster.md, and runs vary by a few percent): a place of the 8 kept
+/// idle for the light replica would serve an eighth less.
+#[test]
+fn a_light_replica_lends_what_it_leaves_to_the_others() {
+    let _turn = one_at_a_time();
+    let server = RedisServer::start();
+    let equal = shares(&server, &["--late-ms", "0", "--seconds", "4"]);
+    let light = shares(
+        &server,
+        &["--light-workers", "1", "--late-ms", "0", "--seconds", "4"],
+    );
+    let shares = list(&light, "shares");
+    assert!(
+        (0.08..=0.17).contains(&shares[0]),
+        "the light replica, one place of 8 at most: {light}"
+    );
+    let fair = (1.0 - shares[0]) / 3.0;
+    for (replica, share) in shares.iter().enumerate().skip(1) {
+        assert!(
+            (share / fair - 1.0).abs() <= 0.2,
+            "replica {replica}: {share} of the calls, {fair} fair: {light}"
+        );
+    }
+    let (lent, busy) = (field(&light, "goodput"), field(&equal, "goodput"));
+    assert!(
+        lent >= 0.9 * busy,
+        "goodput {lent} with a light replica, {busy} under equal load"
+    );
+}
+
+/// Weights: a replica of weight 2 beside two of weight 1 gets half the
+/// calls, each within 20 % of its share over any 2 s.
+#[test]
+fn weighted_replicas_share_in_proportion() {
+    let _turn = one_at_a_time();
+    let server = RedisServer::start();
+    let summary = shares(
+        &server,
+        &[
+            "--replicas",
+            "3",
+            "--weights",
+            "2,1,1",
+            "--late-ms",
+            "0",
+            "--seconds",
+            "4",
+        ],
+    );
+    each_within_a_fifth(&summary, 0..3);
 }

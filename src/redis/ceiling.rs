@@ -48,6 +48,7 @@ pub struct ClusterCeiling {
     pub(crate) limit: usize,
     pub(crate) lease: Option<Duration>,
     pub(crate) renew: bool,
+    pub(crate) weight: u32,
     pub(crate) timeout: Duration,
     pub(crate) backoff: Duration,
     pub(crate) when_unreachable: WhenUnreachable,
@@ -79,6 +80,10 @@ pub enum WhenUnreachable {
 const MAX_LEASE: Duration = Duration::from_secs(365 * 86_400);
 /// The longest a command may take before Redis counts as unreachable.
 const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+/// The largest weight. A waiting replica's place in line is its leases
+/// over its weight, less 2^41, where a double's step is 2^-11: one lease
+/// more, over a weight of at most 1,000, still moves it by more than a step.
+const MAX_WEIGHT: u32 = 1_000;
 /// The longest Redis is skipped after a failure.
 const MAX_BACKOFF: Duration = Duration::from_secs(3_600);
 
@@ -191,6 +196,7 @@ impl ClusterCeiling {
             limit,
             lease: None,
             renew: false,
+            weight: 1,
             timeout: Duration::from_millis(100),
             backoff: Duration::from_secs(1),
             when_unreachable: WhenUnreachable::FailOpen,
@@ -211,6 +217,17 @@ impl ClusterCeiling {
     /// while long calls keep theirs. Off by default.
     pub fn renew(mut self, renew: bool) -> Self {
         self.renew = renew;
+        self
+    }
+
+    /// This replica's weight in sharing the ceiling (1 by default, at most
+    /// 1,000). While replicas ask for more than the ceiling, each gets
+    /// places in proportion to its weight: one of weight 2 beside two of
+    /// weight 1 gets half. A replica that asks for less than its share
+    /// leaves the rest to the others. See
+    /// [fair shares](crate::redis#fair-shares).
+    pub fn weight(mut self, weight: u32) -> Self {
+        self.weight = weight;
         self
     }
 
@@ -237,7 +254,9 @@ impl ClusterCeiling {
         self
     }
 
-    /// The sorted set holding this ceiling's leases.
+    /// The ceiling's one key, a sorted set: its leases are the members with
+    /// a positive score (their deadlines; `ZCOUNT key (0 +inf` counts them),
+    /// beside what fair shares need (see [fair shares](crate::redis#fair-shares)).
     pub fn key(&self) -> String {
         format!("tower-inflight:{{{}}}:leases", self.name)
     }
@@ -286,6 +305,12 @@ impl ClusterCeiling {
                 ),
             ));
         }
+        if self.weight == 0 || self.weight > MAX_WEIGHT {
+            return Err(ConfigError::new(
+                "cluster_ceiling.weight",
+                format!("{} must be from 1 to {MAX_WEIGHT}", self.weight),
+            ));
+        }
         if self.backoff > MAX_BACKOFF {
             return Err(ConfigError::new(
                 "cluster_ceiling.backoff",
@@ -328,6 +353,7 @@ impl fmt::Debug for ClusterCeiling {
             .field("limit", &self.limit)
             .field("lease", &self.lease)
             .field("renew", &self.renew)
+            .field("weight", &self.weight)
             .field("timeout", &self.timeout)
             .field("backoff", &self.backoff)
             .field("when_unreachable", &self.when_unreachable)

@@ -20,6 +20,15 @@ use tokio::time::Instant;
 /// jittered down by up to half, and never past the earliest lease's end.
 const FIRST_PAUSE: Duration = Duration::from_millis(1);
 const LONGEST_PAUSE: Duration = Duration::from_millis(8);
+/// How long a refusal counts a replica as waiting, places kept free for it
+/// if it holds fewer leases for its weight than the one asking: until it is
+/// granted one, or this window ends (a replica refused for longer is marked
+/// again, once a window). Two of its round trips and the longest pause, so
+/// that a replica whose callers ask again is still waiting when they do;
+/// from 25 ms to 1 s: a replica that stops asking keeps a place free for
+/// this long at most.
+const WAITING: Duration = Duration::from_millis(25);
+const LONGEST_WAITING: Duration = Duration::from_secs(1);
 
 /// A bulkhead's cluster ceiling, with its connection and its counts.
 pub(super) struct Cluster {
@@ -47,6 +56,7 @@ pub(super) struct Cluster {
 pub(super) struct Counts {
     granted: AtomicU64,
     refused: AtomicU64,
+    deferred: AtomicU64,
     reclaimed: AtomicU64,
     pub(super) released: AtomicU64,
     pub(super) released_late: AtomicU64,
@@ -134,7 +144,7 @@ impl Cluster {
             // release never takes anyone else's lease.
             let asking = Unanswered {
                 outbox: &self.outbox,
-                token: Some(new_token()),
+                token: Some(new_token(&self.outbox.replica)),
             };
             // The releases pending that no command carries, and the newest
             // (this replica's last among them): removed before this request
@@ -165,6 +175,9 @@ impl Cluster {
             }
             asking.refused();
             self.counts.refused.fetch_add(1, Ordering::Relaxed);
+            if reply.kept > 0 {
+                self.counts.deferred.fetch_add(1, Ordering::Relaxed);
+            }
             let Some(deadline) = deadline else {
                 return Err(Refused::Full);
             };
@@ -323,18 +336,30 @@ impl Cluster {
         script
             .arg(self.ceiling().limit)
             .arg(self.outbox.lease_ms)
-            .arg(token);
+            .arg(token)
+            .arg(&self.outbox.replica)
+            .arg(self.ceiling().weight)
+            .arg(self.waiting_window().as_millis() as u64);
         for token in releasing.tokens() {
             script.arg(token);
         }
-        let reply: (u8, usize, u64, u64, Vec<u8>) = script.invoke_async(&mut connection).await?;
+        let reply: (u8, usize, u64, u64, Vec<u8>, u64) =
+            script.invoke_async(&mut connection).await?;
         Ok(Reply {
             admitted: reply.0 == 1,
             held: reply.1,
             reclaimed: reply.2,
             earliest_ends_in: reply.3,
             released: reply.4,
+            kept: reply.5,
         })
+    }
+
+    /// How long a refusal counts this replica as waiting: see [`WAITING`].
+    fn waiting_window(&self) -> Duration {
+        let round_trip =
+            Duration::from_micros(self.counts.round_trip_micros.load(Ordering::Relaxed));
+        (round_trip * 2 + LONGEST_PAUSE).clamp(WAITING, LONGEST_WAITING)
     }
 
     fn granted(&self, token: String, asked: Instant) -> Lease {
@@ -361,6 +386,7 @@ impl Cluster {
             round_trip: (round_trip != 0).then(|| Duration::from_micros(round_trip)),
             leases_granted: read(&counts.granted),
             leases_refused: read(&counts.refused),
+            leases_deferred: read(&counts.deferred),
             leases_reclaimed: read(&counts.reclaimed),
             leases_released: read(&counts.released),
             releases_late: read(&counts.released_late),
@@ -482,16 +508,25 @@ struct Reply {
     earliest_ends_in: u64,
     /// For each release carried: 1 if it was found and removed.
     released: Vec<u8>,
+    /// Refused with places free: how many, kept for replicas ahead.
+    kept: u64,
 }
 
-/// A token no other permit, in any process, will hold: 128 bits from a
-/// randomly keyed hasher over a per-process count.
-fn new_token() -> String {
+/// An id for a bulkhead among the replicas sharing its ceiling: 64 bits
+/// from a randomly keyed hasher over a per-process count and the process.
+pub(super) fn new_replica_id() -> String {
     let n = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
-    let keys = token_keys();
-    let high = keys.hash_one((n, std::process::id(), 0u8));
-    let low = keys.hash_one((n, 1u8));
-    format!("{high:016x}{low:016x}")
+    let id = token_keys().hash_one((n, std::process::id(), 0u8));
+    format!("{id:016x}")
+}
+
+/// A token no other permit, in any process, will hold: its replica's id
+/// (so that the script knows whose lease it is), then 64 bits from a
+/// randomly keyed hasher over a per-process count.
+fn new_token(replica: &str) -> String {
+    let n = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+    let low = token_keys().hash_one((n, 1u8));
+    format!("{replica}{low:016x}")
 }
 
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(0);
@@ -557,10 +592,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tokens_do_not_repeat() {
-        let tokens: std::collections::HashSet<String> = (0..10_000).map(|_| new_token()).collect();
+    fn tokens_do_not_repeat_and_name_their_replica() {
+        let replica = new_replica_id();
+        assert_eq!(replica.len(), 16);
+        assert_ne!(replica, new_replica_id());
+        let tokens: std::collections::HashSet<String> =
+            (0..10_000).map(|_| new_token(&replica)).collect();
         assert_eq!(tokens.len(), 10_000);
-        assert!(tokens.iter().all(|token| token.len() == 32));
+        assert!(tokens
+            .iter()
+            .all(|token| token.len() == 32 && token.starts_with(&replica)));
     }
 
     #[test]

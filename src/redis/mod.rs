@@ -20,7 +20,9 @@
 //! 1. The local bulkhead first: a full process sheds (or waits) as ever,
 //!    without a round trip.
 //! 2. Then a lease: one script on Redis drops the leases that have run out,
-//!    and adds this call's if fewer than the ceiling are held. A refused
+//!    and adds this call's if fewer than the ceiling are held and no
+//!    replica waiting with fewer leases for its weight needs the place
+//!    (see [fair shares](#fair-shares)). A refused
 //!    lease gives the local slot back (both or neither), and the call is
 //!    shed with [`ShedReason::ClusterLimit`](crate::ShedReason::ClusterLimit),
 //!    or, with a `wait` budget, asks again within it, holding its local slot
@@ -36,12 +38,38 @@
 //! A service polled ready holds its slot and lease until its `call`: if the
 //! lease may have run out by then, the call is shed and both go back.
 //!
-//! Leases live in one sorted set per ceiling name: member a random token per
-//! permit, score the lease's deadline on the Redis server's clock (so client
-//! clocks never matter). A lease whose holder never releases it (a replica
+//! Leases live in one sorted set per ceiling name: member a token per permit
+//! (the bulkhead's random id, then a random part), score the lease's
+//! deadline on the Redis server's clock (so client clocks never matter).
+//! Below zero, the same key keeps what fair shares need. A lease whose holder never releases it (a replica
 //! killed, a network split) runs out after [`ClusterCeiling::lease`] and is
 //! reclaimed by the next caller that asks. A release removes only its own
 //! token: a late one never frees anyone else's lease.
+//!
+//! # Fair shares
+//!
+//! Replicas asking for more than the ceiling share it, each in proportion
+//! to its [`weight`](ClusterCeiling::weight) (1 by default), and a replica
+//! that asks for less leaves the rest to the others. Each bulkhead has a
+//! random id, the first 16 characters of its tokens; beside the leases, the
+//! ceiling's one key counts the leases each replica holds, and marks the
+//! replicas refused since their last grant, in line by their leases for
+//! their weights, each for a short window (25 ms, or two of its round trips
+//! and 8 ms, up to 1 s). A free place is kept for each waiting replica
+//! ahead of the one asking: with fewer leases for its weight, or as few and
+//! before it in an order of the replicas shuffled every 100 ms. So a place
+//! freed by a replica over its share goes to a replica under its own on its
+//! next ask, a replica that starts late (or comes back after an outage) is
+//! first in line, and where the ceiling does not divide evenly the extra
+//! places go round. A place is kept only for a replica refused within its
+//! window: one that stops asking keeps a place idle for that long at most.
+//!
+//! It is all in the one key and its one script: a lease is still granted
+//! only while fewer than the ceiling are held, a release removes only its
+//! own token, a request sent again (a redirection) takes nothing twice, and
+//! a refusal writes only the first time in a window. The script reads the
+//! waiting replicas in line up to the one asking, 32 at most: none while
+//! nobody waits, and none while each replica holds its share.
 //!
 //! # When Redis is slow or away
 //!

@@ -63,8 +63,11 @@ struct Release {
 pub(super) struct Outbox {
     /// The ceiling's settings, the only copy its bulkhead keeps.
     pub(super) ceiling: crate::redis::ClusterCeiling,
-    /// The sorted set of leases.
+    /// The ceiling's one key: its leases, and what fair shares need.
     pub(super) key: String,
+    /// This bulkhead's id among the replicas sharing the ceiling: 16 hex
+    /// digits, the first 16 characters of each of its tokens.
+    pub(super) replica: String,
     /// The lease, in milliseconds of the Redis server's clock.
     pub(super) lease_ms: u64,
     /// Releases not yet answered, oldest first.
@@ -176,6 +179,7 @@ impl Outbox {
     ) -> Self {
         Self {
             key: ceiling.key(),
+            replica: crate::redis::cluster::new_replica_id(),
             lease_ms,
             ceiling,
             pending: Mutex::default(),
@@ -360,6 +364,7 @@ impl Outbox {
     async fn send(&self, connection: &mut Connection) -> bool {
         for carried in self.all() {
             let mut release = RELEASE.key(&self.key);
+            release.arg(&self.replica).arg(self.ceiling.weight);
             for token in carried.tokens() {
                 release.arg(token);
             }

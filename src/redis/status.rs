@@ -21,8 +21,13 @@ pub struct ClusterStatus {
     pub round_trip: Option<Duration>,
     /// Leases this replica was granted.
     pub leases_granted: u64,
-    /// Times this replica found the ceiling full.
+    /// Times this replica was refused a lease: the ceiling full, or the
+    /// places free kept for replicas ahead of it in line.
     pub leases_refused: u64,
+    /// Of those, times places were free but kept for replicas waiting with
+    /// fewer leases for their weights (see
+    /// [fair shares](crate::redis#fair-shares)).
+    pub leases_deferred: u64,
     /// Leases, anyone's, that had run out unreleased and were dropped when
     /// this replica asked: slots reclaimed from dead or stalled holders.
     pub leases_reclaimed: u64,
