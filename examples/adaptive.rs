@@ -114,7 +114,7 @@ Options:
 
 const LEGEND: &str = "\
 Legend (one row per limiter, one table per phase; calls are counted in the
-phase they arrived in, but for goodput):
+phase they arrived in, but for goodput and %best):
   goodput/s  calls served within the client timeout and answered in the
              phase, per second of it (a backlog served in the next phase
              counts in the next)
@@ -638,7 +638,6 @@ fn classify(result: Result<(), BoxError>, latency: Duration) -> Outcome {
 #[derive(Debug, Default)]
 struct PhaseTally {
     arrivals: u64,
-    served: u64,
     /// Calls served whose answer came within this phase, whenever they
     /// arrived: the goodput. (Counted by arrival, a limiter that queues
     /// would be credited at a phase's end with a backlog that the next
@@ -674,7 +673,6 @@ impl Tally {
         tally.arrivals += 1;
         match outcome {
             Outcome::Served(latency) => {
-                tally.served += 1;
                 tally
                     .latencies_us
                     .push(latency.as_micros().min(u128::from(u32::MAX)) as u32);

@@ -250,21 +250,40 @@ fn capacity_follows_a_dependency_whose_capacity_halves_and_returns() {
 }
 
 /// A dependency (or a runtime) that stalls now and then serves little in
-/// the window of a stall, and its calls come back late: the limit is not
-/// cut to what that window served.
+/// the windows of a stall, and its calls come back late: the limit is not
+/// cut to what those windows served, wherever the stall falls in them.
 #[test]
 fn capacity_is_not_cut_by_a_short_stall() {
-    let mut dependency = Dependency::new(10 * MS, 16);
-    // A stall of 60 ms (one worker left) every 2 s from 5 s on.
-    dependency.capacity = vec![(Duration::ZERO, 16)];
-    for stall in 0..12u32 {
-        let at = Duration::from_secs(5) + stall * 2 * Duration::from_secs(1);
-        dependency.capacity.push((at, 1));
-        dependency.capacity.push((at + 60 * MS, 16));
+    for offset_ms in (0..100).step_by(10) {
+        let mut dependency = Dependency::new(10 * MS, 16);
+        // A stall of 60 ms (one worker left) every 2 s from 5 s on.
+        dependency.capacity = vec![(Duration::ZERO, 16)];
+        for stall in 0..12u32 {
+            let at = Duration::from_secs(5) + stall * 2 * Duration::from_secs(1) + offset_ms * MS;
+            dependency.capacity.push((at, 1));
+            dependency.capacity.push((at + 60 * MS, 16));
+        }
+        let limits = dependency.run(&mut Capacity::default(), 20, Duration::from_secs(30));
+        let after = &limits[40..];
+        assert!(
+            after.iter().all(|&limit| within(limit, 16)),
+            "stalls {offset_ms} ms into a second: {after:?}"
+        );
     }
-    let limits = dependency.run(&mut Capacity::default(), 20, Duration::from_secs(30));
-    let after = &limits[40..];
-    assert!(after.iter().all(|&limit| within(limit, 16)), "{after:?}");
+}
+
+/// Arrivals just under the capacity: the limit is seldom reached, and a
+/// window with no queue grows it, but it does not creep far over the
+/// capacity (a burst would then be let in to queue).
+#[test]
+fn capacity_does_not_creep_up_under_load_just_under_capacity() {
+    let mut dependency = Dependency::new(10 * MS, 32);
+    dependency.exponential = true;
+    // 95 % of what 32 workers serve.
+    dependency.arrivals = Some(0.95 * 3_200.0);
+    let limits = dependency.run(&mut Capacity::default(), 20, Duration::from_secs(120));
+    let mean = limits.iter().sum::<usize>() as f64 / limits.len() as f64;
+    assert!(mean <= 2.0 * 32.0, "mean limit {mean:.1}: {limits:?}");
 }
 
 /// Wherever in a window the capacity halves, the limit follows within

@@ -24,16 +24,17 @@ use std::time::Duration;
 /// - A window over 1.35 times the baseline queues: the limit goes at once
 ///   to `1.2 × X × baseline`, the capacity measured and a fifth more (a
 ///   short queue keeps every worker of the dependency fed between one
-///   call's end and the next call's arrival). `X` is the higher of this
-///   window's throughput and the last's, so that a window the dependency
-///   or the runtime stalled in does not cut the limit to what it served.
-///   One step, not a slide: when capacity halves, the limit halves within
-///   two or three windows, where AIMD and Gradient2 take seconds and let
-///   the queue grow meanwhile.
-/// - A window with the limit reached grows it: it doubles while latency
-///   stays within 1.05 times the baseline (no queue at all: capacity came
-///   back, and a limit too high is cut back in one window), by a tenth
-///   within 1.15. Between 1.15 and 1.35 it holds, so there is no saw-tooth
+///   call's end and the next call's arrival). `X` is the highest of this
+///   window's throughput and the last two's, so that a stall of the
+///   dependency or of the runtime, across one window or two, does not cut
+///   the limit to what they served. One step, not a slide: when capacity
+///   halves, the limit halves within three or four windows (a window or two
+///   more if a probe is under way), where AIMD and Gradient2 take seconds
+///   and let the queue grow meanwhile.
+/// - A window with the limit reached grows it while latency stays within
+///   1.05 times the baseline (no queue at all): it doubles up to where it
+///   was before the cuts (the capacity came back), and grows by half past
+///   that. Within 1.15, it grows by a tenth. Between 1.15 and 1.35 it holds, so there is no saw-tooth
 ///   around the point where queueing starts.
 /// - A window with fewer calls in flight than the limit says nothing of
 ///   capacity: the limit holds (it does not creep up to the maximum under
@@ -107,8 +108,12 @@ pub struct Capacity {
     windows: u64,
     /// The probe under way, if one is.
     probing: Option<Probe>,
-    /// The last window's throughput, in calls a second.
-    last_throughput: f64,
+    /// The last two windows' throughputs, in calls a second.
+    last_throughputs: [f64; 2],
+    /// The limit before the cuts for queueing since the limit last grew
+    /// back to it: a window with no queue doubles the limit up to it (the
+    /// capacity came back), and grows it by half past it.
+    before_cuts: usize,
 }
 
 /// A probe below the limit: a few windows with fewer calls in flight, to
@@ -136,7 +141,7 @@ const QUEUEING: f64 = 1.35;
 /// tenth at a time.
 const ROOM: f64 = 1.15;
 /// A window within this times the baseline shows no queue at all: it
-/// doubles.
+/// doubles up to the limit before the cuts, and grows by half past it.
 const NO_QUEUE: f64 = 1.05;
 /// Windows between probes that find nothing new, at first and at most.
 /// (The history holds two of the longest: a probe spoiled by a change of
@@ -175,7 +180,8 @@ impl Default for Capacity {
             futile_cuts: 0,
             windows: 0,
             probing: None,
-            last_throughput: 0.0,
+            last_throughputs: [0.0; 2],
+            before_cuts: 0,
         }
     }
 }
@@ -198,12 +204,14 @@ impl Capacity {
         let drops = std::mem::take(&mut self.drops);
         let peak = std::mem::take(&mut self.peak_in_flight);
         let latency = self.window_latency();
-        // The higher of this window's and the last's: a window that the
-        // dependency (or the runtime) stalled in serves less than its
-        // capacity, and must not cut the limit to that alone.
+        // The highest of this window's and the last two's: a stall of the
+        // dependency (or of the runtime), which may fall across two
+        // windows, serves less than its capacity, and must not cut the
+        // limit to that alone.
         let throughput = served as f64 / elapsed.as_secs_f64().max(1e-9);
-        let recent_throughput =
-            throughput.max(std::mem::replace(&mut self.last_throughput, throughput));
+        let [before_last, last] = self.last_throughputs;
+        let recent_throughput = throughput.max(last).max(before_last);
+        self.last_throughputs = [last, throughput];
         let share = drops as f64 / (served + drops) as f64;
         let usual_share = self.drop_share;
         self.drop_share = 0.9 * self.drop_share + 0.1 * share;
@@ -229,7 +237,16 @@ impl Capacity {
         let reached = peak.saturating_mul(10) >= limit.saturating_mul(9);
         if slowdown > QUEUEING && reached {
             // The capacity measured, with the headroom.
-            let target = (recent_throughput * baseline.as_secs_f64() * HEADROOM).ceil() as usize;
+            let capacity_of =
+                |throughput: f64| (throughput * baseline.as_secs_f64() * HEADROOM).ceil() as usize;
+            let target = capacity_of(recent_throughput);
+            if target >= limit && capacity_of(throughput) < limit {
+                // Only the windows before served enough: this one may be
+                // a stall, or the first of a change of capacity. No cut,
+                // and no probe (which would put a cut off); the cuts that
+                // did not bring latency down stay counted.
+                return limit;
+            }
             if target >= limit {
                 // The capacity measured, rounded up to whole calls, is the
                 // limit: no cut, and so none that could be futile (counted
@@ -255,6 +272,7 @@ impl Capacity {
                 return limit;
             }
             self.cut_at = Some(latency);
+            self.before_cuts = self.before_cuts.max(limit);
             return target.clamp(limit / 2, limit);
         }
         self.futile_cuts = 0;
@@ -271,13 +289,16 @@ impl Capacity {
             return limit;
         }
         // No queue at all: capacity returned, and the limit may be far
-        // under it; a queue starting: close to it.
-        let step = if slowdown <= NO_QUEUE {
-            limit
-        } else {
-            limit.div_ceil(10)
-        };
-        limit.saturating_add(step)
+        // under it (back to where it was before the cuts at once, by half
+        // past it); a queue starting: close to it.
+        if slowdown > NO_QUEUE {
+            return limit.saturating_add(limit.div_ceil(10));
+        }
+        if limit < self.before_cuts {
+            return limit.saturating_mul(2).min(self.before_cuts);
+        }
+        self.before_cuts = 0;
+        limit.saturating_add(limit.div_ceil(2))
     }
 
     /// The limit of a probe, if one is due: it starts.

@@ -10,13 +10,14 @@
 use super::Readiness;
 use crate::bulkhead::{Bulkhead, Granted, ManualClock};
 use crate::sync::Ordering;
-use crate::wait::Arrival;
+use crate::wait::{Arrival, Left};
 use crate::{Config, Ticket};
 use loom::thread;
 use std::time::Duration;
 
 /// A bulkhead of one slot with a wait budget, the slot handed to a service
-/// that waited for it: its readiness holds it, made ready.
+/// that waited for it in `poll_ready` (parked while another held it, and
+/// granted it as that one let it go): its readiness holds it, made ready.
 fn ready_service_holding_the_slot() -> (Bulkhead, Readiness) {
     let bulkhead = Bulkhead::new(
         Config::new(1, Duration::from_secs(10))
@@ -24,10 +25,25 @@ fn ready_service_holding_the_slot() -> (Bulkhead, Readiness) {
             .clock(ManualClock::new()),
     );
     let shared = bulkhead.shared().clone();
-    let claim = shared
+    let held = shared
         .slots()
         .try_claim(1, Ordering::Relaxed)
         .expect("the only slot is free");
+    let Arrival::Parked(node) =
+        shared
+            .waiters()
+            .arrive(shared.slots(), shared.clock(), None, Ticket::new(), None)
+    else {
+        panic!("the only slot is held: the service waits");
+    };
+    shared.release_permit(&held);
+    // As the waiting service's `Acquire` takes the slot handed to it.
+    let Left::Granted(claim) = shared
+        .waiters()
+        .leave(&node, shared.slots(), shared.clock(), false)
+    else {
+        panic!("the slot let go is handed to the service waiting");
+    };
     (bulkhead, Readiness::Admitted(Granted::new(shared, claim)))
 }
 
