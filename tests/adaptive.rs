@@ -880,6 +880,41 @@ fn a_key_s_limit_bounds_its_adaptive_limit_and_an_adaptive_ceiling_does_not_cap_
     drop(held);
 }
 
+/// A key's limit under the adaptive least (`min`): every move of the
+/// key's limit stays within its own limit, whatever its algorithm answers.
+#[test]
+fn a_key_s_limit_under_the_adaptive_least_bounds_every_move() {
+    use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig};
+    /// Answers the most and the least in turn.
+    #[derive(Clone)]
+    struct Swinging(bool);
+    impl Algorithm for Swinging {
+        fn update(&mut self, _: &Sample, _: usize) -> usize {
+            self.0 = !self.0;
+            if self.0 {
+                usize::MAX
+            } else {
+                0
+            }
+        }
+    }
+    let keyed: KeyedBulkhead<&str> = KeyedBulkhead::new(
+        KeyedConfig::new(
+            Config::new(100, Duration::from_secs(30))
+                .adaptive(Adaptive::new(Swinging(false)).min(4)),
+        )
+        .limit_per_key(|key| if *key == "small" { 2 } else { 100 }),
+    );
+    for _ in 0..10 {
+        let held: Vec<_> = (0..2)
+            .map(|_| keyed.try_acquire(&"small").unwrap())
+            .collect();
+        assert!(keyed.try_acquire(&"small").is_err());
+        // Each permit dropped is a sample, and moves the limit.
+        drop(held);
+    }
+}
+
 /// A permit whose slot was reclaimed (it outlived `reclaim_after`) is no
 /// sample when it is dropped: its hold is no latency of the dependency.
 #[test]
