@@ -240,14 +240,14 @@ impl Capacity {
             let capacity_of =
                 |throughput: f64| (throughput * baseline.as_secs_f64() * HEADROOM).ceil() as usize;
             let target = capacity_of(recent_throughput);
-            if target >= limit && capacity_of(throughput) < limit {
-                // Only the windows before served enough: this one may be
-                // a stall, or the first of a change of capacity. No cut,
-                // and no probe (which would put a cut off); the cuts that
-                // did not bring latency down stay counted.
-                return limit;
-            }
             if target >= limit {
+                if capacity_of(throughput) < limit {
+                    // Only the windows before served enough: this one may
+                    // be a stall, or the first of a change of capacity. No
+                    // cut, and no probe (which would put a cut off); the
+                    // cuts that did not bring latency down stay counted.
+                    return limit;
+                }
                 // The capacity measured, rounded up to whole calls, is the
                 // limit: no cut, and so none that could be futile (counted
                 // so, two would take a queued latency for the baseline).

@@ -702,8 +702,8 @@ mod tests {
     }
 
     /// Thousands of replicas waiting at once: the script looks at 32 of
-    /// them, whatever their number (an earlier design read them all in one
-    /// command, and past about 4,000 overflowed Lua's stack).
+    /// them, whatever their number (read all in one command, past about
+    /// 4,000 they would overflow Lua's stack).
     #[tokio::test]
     async fn thousands_of_waiting_replicas_cost_a_bounded_look() {
         let Some(mut redis) =
