@@ -75,7 +75,7 @@ impl Shared {
         })?;
         let rollups = match history {
             History::Kept => Rollups::new(clock.ticks_per_minute(), clock.now() - 1),
-            History::None => Rollups::without_history(clock.ticks_per_minute(), clock.now() - 1),
+            History::None => Rollups::without_history(clock.ticks_per_minute()),
         };
         // The limit in force at first: an adaptive one starts lower.
         let initial = config

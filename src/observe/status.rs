@@ -282,12 +282,17 @@ pub(crate) struct Rollups {
 const NO_HISTORY: u64 = u64::MAX;
 
 impl Rollups {
-    /// Rollups that keep no history: the windows stay at what they were
-    /// at `now`, and the fast path never finds the minute turned.
-    pub(crate) fn without_history(ticks_per_minute: u64, now: u64) -> Self {
-        let rollups = Self::new(ticks_per_minute, now);
-        rollups.next_minute.store(NO_HISTORY, Ordering::Relaxed);
-        rollups
+    /// Rollups that keep no history, for a key of a keyed bulkhead (whose
+    /// status shows its totals, not windows): they allocate nothing, their
+    /// windows count nothing, and the fast path never finds the minute
+    /// turned.
+    pub(crate) fn without_history(ticks_per_minute: u64) -> Self {
+        Self {
+            ticks_per_minute,
+            next_minute: AtomicU64::new(NO_HISTORY),
+            peak: AtomicUsize::new(0),
+            history: Mutex::new(VecDeque::new()),
+        }
     }
 
     pub(crate) fn new(ticks_per_minute: u64, now: u64) -> Self {
