@@ -76,7 +76,7 @@ fn loom_late_release_never_frees_the_reclaimer_slot() {
     loom::model(|| {
         let table = Arc::new(SlotTable::new(1, 1, HOLD, Some(1000)));
         let old = table.try_claim(1, Ordering::Relaxed).unwrap();
-        table.reserve_bytes(&old, 600).unwrap();
+        assert!(table.reserve_bytes(&old, 600));
         // The old holder is late: its deadline (1 + HOLD) has passed.
         let expired = 1 + HOLD;
         let reclaimer = {
@@ -84,7 +84,7 @@ fn loom_late_release_never_frees_the_reclaimer_slot() {
             thread::spawn(move || {
                 let claim = table.try_claim(expired, Ordering::Relaxed);
                 if let Some(claim) = &claim {
-                    table.reserve_bytes(claim, 300).unwrap();
+                    assert!(table.reserve_bytes(claim, 300));
                 }
                 claim
             })
@@ -128,14 +128,14 @@ fn loom_a_byte_sweep_never_takes_the_next_holder_s_record() {
     loom::model(|| {
         let table = Arc::new(SlotTable::new(1, 1, HOLD, Some(1000)));
         let leaked = table.try_claim(1, Ordering::Relaxed).unwrap();
-        table.reserve_bytes(&leaked, 600).unwrap();
+        assert!(table.reserve_bytes(&leaked, 600));
         let expired = 1 + HOLD;
         let sweeper = {
             let table = table.clone();
             thread::spawn(move || table.recover_expired_bytes(expired))
         };
         let claim = table.try_claim(expired, Ordering::Relaxed).unwrap();
-        let reserved = table.reserve_bytes(&claim, 600).is_some();
+        let reserved = table.reserve_bytes(&claim, 600);
         sweeper.join().unwrap();
         // Whoever gave the leaked bytes back, they came back once, and the
         // new holder's bytes (if the budget had room for them) are its own.
@@ -149,6 +149,38 @@ fn loom_a_byte_sweep_never_takes_the_next_holder_s_record() {
     });
 }
 
+/// A holder records its bytes while a reset frees its slot and a new
+/// holder takes the slot and records bytes of its own: the first holder's
+/// bytes come back exactly once (by the reset, by the new holder finding
+/// them on its record, or by the first holder itself), and the new
+/// holder's are counted.
+#[test]
+fn loom_bytes_recorded_racing_a_reset_come_back_once() {
+    loom::model(|| {
+        let table = Arc::new(SlotTable::new(1, 1, HOLD, Some(1000)));
+        let first = table.try_claim(1, Ordering::Relaxed).unwrap();
+        let resetter = {
+            let table = table.clone();
+            thread::spawn(move || {
+                table.reset(1);
+                let next = table.try_claim(1, Ordering::Relaxed).unwrap();
+                let recorded = table.reserve_bytes(&next, 300);
+                (next, recorded)
+            })
+        };
+        table.reserve_bytes(&first, 600);
+        let (next, recorded) = resetter.join().unwrap();
+        assert!(recorded, "the budget has room for both");
+        assert_eq!(table.bytes_reserved(), 300, "only the new holder's bytes");
+        assert!(
+            !table.unrecord_bytes(&first, 600),
+            "the first holder's are gone"
+        );
+        assert!(table.unrecord_bytes(&next, 300));
+        assert_eq!((table.release(&first), table.release(&next)), (0, 1));
+    });
+}
+
 #[test]
 fn loom_reset_in_the_same_tick_keeps_the_new_holder() {
     loom::model(|| {
@@ -157,7 +189,7 @@ fn loom_reset_in_the_same_tick_keeps_the_new_holder() {
         let resetter = {
             let table = table.clone();
             thread::spawn(move || {
-                table.reset();
+                table.reset(1);
                 table.try_claim(1, Ordering::Relaxed)
             })
         };
@@ -432,7 +464,7 @@ fn loom_a_reset_racing_a_sweep_gives_a_weighted_claim_back_once() {
         let expired = 1 + HOLD;
         let resetter = {
             let table = table.clone();
-            thread::spawn(move || table.reset())
+            thread::spawn(move || table.reset(1))
         };
         let _claim = table.try_claim(expired, Ordering::Relaxed);
         resetter.join().unwrap();

@@ -1,8 +1,8 @@
 //! Random sequences of operations on one bulkhead, checked after every step
 //! against a reference model of its slot engine: one admission count (the
 //! weights of the live claims), the live claims themselves (weight,
-//! deadline, bytes recorded on the claim), and the byte budget with its
-//! epoch. The model knows no positions: which ledger entry a claim writes is
+//! deadline, bytes recorded on the claim), and the byte budget. The model
+//! knows no positions: which ledger entry a claim writes is
 //! the engine's business.
 //!
 //! - A claim of weight `w` is admitted iff `count + w <= limit`. If it does
@@ -18,6 +18,10 @@
 //!   the call is shed for its bytes.
 //! - A release frees a claim (and its recorded bytes) only while the claim
 //!   is live: a late release after a sweep or a reset frees nothing.
+//! - A reset frees every live claim with its recorded bytes; bytes split
+//!   off into a reservation come back when it is dropped, reset or not.
+//!   Claims made after a reset are dated a tick (a microsecond) after it at
+//!   the earliest, so that their words never repeat one from before it.
 //!
 //! `reclaim_after` is timed with a `ManualClock` in whole microseconds, so the
 //! model's deadlines are exact: a claim made at `t` may be swept from
@@ -106,15 +110,12 @@ struct Held {
     weight: usize,
     /// `permit.bytes()`: what it reserved, until split off.
     bytes: u64,
-    /// The budget's epoch its bytes were reserved in.
-    epoch: Option<u64>,
 }
 
 #[derive(Debug)]
 struct Reserved {
     reservation: ByteReservation,
     bytes: u64,
-    epoch: Option<u64>,
 }
 
 struct Model {
@@ -127,7 +128,8 @@ struct Model {
     /// deadline or not.
     count: usize,
     reserved: u64,
-    epoch: u64,
+    /// The earliest time a claim is dated from: a tick after the last reset.
+    floor: u64,
     next_id: u64,
     /// The weight of the permits forgotten.
     forgotten: usize,
@@ -163,7 +165,7 @@ impl Model {
             claims: BTreeMap::new(),
             count: 0,
             reserved: 0,
-            epoch: 0,
+            floor: 0,
             next_id: 0,
             forgotten: 0,
             admitted: 0,
@@ -259,7 +261,7 @@ impl Model {
             id,
             Claim {
                 weight,
-                deadline: self.now + HOLD_US,
+                deadline: self.now.max(self.floor) + HOLD_US,
                 recorded: 0,
             },
         );
@@ -294,24 +296,19 @@ impl Model {
             .map_or(0, |claim| std::mem::take(&mut claim.recorded))
     }
 
-    fn give_back(&mut self, bytes: u64, epoch: Option<u64>) {
-        if bytes != 0 && epoch == Some(self.epoch) {
-            self.take_off_budget(bytes);
-        }
-    }
-
     fn release(&mut self, held: &Held) {
         let bytes = self.take_bytes(held.id);
-        self.give_back(bytes, held.epoch);
+        self.take_off_budget(bytes);
         self.free(held.id);
     }
 
     fn reset(&mut self) {
+        let recorded: u64 = self.claims.values().map(|claim| claim.recorded).sum();
+        self.take_off_budget(recorded);
         self.claims.clear();
         self.count = 0;
         self.unclaimed = 0;
-        self.reserved = 0;
-        self.epoch += 1;
+        self.floor = self.now + 1;
     }
 }
 
@@ -375,8 +372,7 @@ impl Harness {
                     return Ok(());
                 }
                 let i = index.index(self.held.len());
-                let (id, epoch) = (self.held[i].id, self.held[i].epoch);
-                let moved = self.model.take_bytes(id);
+                let moved = self.model.take_bytes(self.held[i].id);
                 self.held[i].bytes = 0;
                 let reservation = self.held[i].permit.split_bytes();
                 prop_assert_eq!(reservation.bytes(), moved, "bytes moved by split_bytes");
@@ -384,7 +380,6 @@ impl Harness {
                 self.reservations.push(Reserved {
                     reservation,
                     bytes: moved,
-                    epoch,
                 });
             }
             Op::DropReservation(index) => {
@@ -438,7 +433,7 @@ impl Harness {
 
     fn drop_reservation_at(&mut self, i: usize) {
         let reserved = self.reservations.remove(i);
-        self.model.give_back(reserved.bytes, reserved.epoch);
+        self.model.take_off_budget(reserved.bytes);
         drop(reserved.reservation);
     }
 
@@ -459,13 +454,11 @@ impl Harness {
             ) => {
                 prop_assert_eq!(permit.was_reclaimed(), reclaimed, "was_reclaimed()");
                 prop_assert_eq!(permit.bytes(), bytes, "permit.bytes()");
-                let epoch = (bytes > 0).then_some(self.model.epoch);
                 self.held.push(Held {
                     permit,
                     id,
                     weight,
                     bytes,
-                    epoch,
                 });
             }
             (Err(shed), Admission::Shed(reason)) => {
@@ -550,7 +543,7 @@ impl Harness {
         let model = &self.model;
         let count = model.count();
         // The model's own books: the budget is the bytes recorded on live
-        // claims and those split off since the last reset.
+        // claims and those split off.
         prop_assert!(model.unclaimed <= model.limit - count, "model: unclaimed");
         let weights: usize = model.claims.values().map(|claim| claim.weight).sum();
         prop_assert_eq!(count, weights, "model: the count's books");
@@ -558,7 +551,6 @@ impl Harness {
         let split: u64 = self
             .reservations
             .iter()
-            .filter(|reserved| reserved.epoch == Some(model.epoch))
             .map(|reserved| reserved.bytes)
             .sum();
         prop_assert_eq!(
@@ -602,7 +594,9 @@ impl Harness {
             self.drop_reservation_at(0);
             self.check_counts()?;
         }
-        self.apply(&Op::Advance(HOLD_US))?;
+        // A tick more than the hold: a claim made as a reset ran is dated a
+        // tick after it.
+        self.apply(&Op::Advance(HOLD_US + 1))?;
         let abandoned = self.model.count();
         prop_assert_eq!(
             self.bulkhead.in_flight(),

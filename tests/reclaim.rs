@@ -159,6 +159,27 @@ fn late_release_after_reset_in_the_same_tick_leaves_the_new_holder_counted() {
     assert_eq!(bulkhead.in_flight(), 0);
 }
 
+/// On a clock that stands still, one entry written two million times after
+/// a reset comes round to the generation a permit from before the reset
+/// wrote: the reset dates every later claim a tick on, so their words never
+/// match its, and its late release frees nothing.
+#[test]
+fn a_late_release_after_a_reset_frees_nothing_however_often_its_entry_was_written() {
+    let (bulkhead, clock) = manual(2);
+    let stale = bulkhead.try_acquire_weighted(2).unwrap();
+    bulkhead.reset();
+    // A generation is 22 bits, and a claim and its release each bump it.
+    for _ in 0..(1 << 21) - 1 {
+        drop(bulkhead.try_acquire().unwrap());
+    }
+    let current = bulkhead.try_acquire().unwrap();
+    assert_eq!(clock.elapsed(), Duration::ZERO, "no clock movement at all");
+    drop(stale);
+    assert_eq!((bulkhead.in_flight(), bulkhead.limit()), (1, 2));
+    drop(current);
+    assert_eq!(bulkhead.in_flight(), 0);
+}
+
 #[test]
 fn late_releases_after_repeated_resets_in_the_same_tick_evict_nobody() {
     let (bulkhead, _clock) = manual(3);
@@ -185,6 +206,29 @@ fn reset_frees_every_slot_including_leaked_ones() {
     bulkhead.reset();
     assert_eq!(bulkhead.in_flight(), 0);
     assert_eq!(bulkhead.available(), 2);
+}
+
+#[test]
+fn reset_gives_back_the_bytes_on_slots_and_keeps_those_split_off() {
+    let clock = ManualClock::new();
+    let bulkhead = Bulkhead::new(Config::new(4, RECLAIM).max_bytes(1000).clock(clock));
+    std::mem::forget(bulkhead.try_acquire_bytes(300).unwrap());
+    let late = bulkhead.try_acquire_bytes(200).unwrap();
+    let mut split = bulkhead.try_acquire_bytes(100).unwrap();
+    let reservation = split.split_bytes();
+    bulkhead.reset();
+    assert_eq!(bulkhead.bytes_reserved(), 100, "the split-off bytes stay");
+    drop((late, split));
+    assert_eq!(
+        bulkhead.bytes_reserved(),
+        100,
+        "late releases give back nothing"
+    );
+    let next = bulkhead.try_acquire_bytes(900).unwrap();
+    drop(reservation);
+    assert_eq!(bulkhead.bytes_reserved(), 900, "only the new holder's");
+    drop(next);
+    assert_eq!(bulkhead.bytes_reserved(), 0);
 }
 
 // ---- through the tower layer ------------------------------------------------

@@ -501,8 +501,10 @@ impl Bulkhead {
         &self.shared.config
     }
 
-    /// Frees every slot, as if each holder had released it, and forgets
-    /// every reservation of the byte budget.
+    /// Frees every slot, as if each holder had released it, with the bytes
+    /// its holder reserved on it. Bytes split off into a
+    /// [`ByteReservation`](crate::ByteReservation) stay reserved until it
+    /// is dropped.
     ///
     /// This forgets that the slots were taken; it does not stop calls that
     /// are still running, so until they finish more than `limit` calls may be
@@ -511,7 +513,7 @@ impl Bulkhead {
     /// within the same clock tick. Outside tests, it is for clearing slots
     /// lost to killed callers when `reclaim_after` is long.
     pub fn reset(&self) {
-        self.shared.slots.reset();
+        self.shared.slots.reset(self.shared.clock.now());
         self.shared.give_back_freed_leases();
         if let Some(leases) = self.shared.leases() {
             leases.ceiling().reset();

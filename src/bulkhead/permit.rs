@@ -259,7 +259,8 @@ impl Permit {
     ///
     /// Bytes still held by a permit come back with its slot if the permit is
     /// leaked and the slot reclaimed; a split-off reservation is yours: it
-    /// comes back only when dropped, or at [`Bulkhead::reset`](crate::Bulkhead::reset).
+    /// comes back when dropped, and only then (as a lock guard keeps its
+    /// lock until it is dropped).
     ///
     /// ```
     /// use std::time::Duration;
@@ -331,6 +332,9 @@ impl Granted {
         if !shared.slots().holds(&claim, now) {
             self.claim = None;
             shared.give_back_unused(&claim);
+            // Read again: giving back may have waited for the line's lock
+            // and run the event hook, and the fresh claim is dated by it.
+            let now = shared.now();
             let fresh = shared
                 .try_claim_weighted(claim.weight(), now)
                 .map_err(|reason| shared.saturated_at(reason, now))?;

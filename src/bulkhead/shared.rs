@@ -359,7 +359,7 @@ impl Shared {
     /// the budget.
     pub(crate) fn give_back_bytes(&self, share: Share) {
         if share.bytes() != 0 {
-            self.slots.give_back_bytes(share.bytes(), share.epoch());
+            self.slots.give_back_bytes(share.bytes());
             self.observer.bytes(|| self.slots.bytes_reserved());
         }
     }
@@ -469,7 +469,7 @@ impl Shared {
         bytes: u64,
     ) -> Result<Permit, ServiceSaturated> {
         let mut reserved = shared.slots.reserve_bytes(&claim, bytes);
-        if reserved.is_none() {
+        if !reserved {
             let recovered = shared.slots.recover_expired_bytes(shared.clock.now());
             // Tried again whether or not this call recovered any: another
             // may have, between the first try and the sweep.
@@ -482,15 +482,11 @@ impl Shared {
             }
         }
         shared.observer.bytes(|| shared.slots.bytes_reserved());
-        match reserved {
-            Some(epoch) => {
-                let share = Share::new(bytes, epoch);
-                Ok(Permit::with_share(shared.clone(), claim, share))
-            }
-            None => {
-                shared.give_back_unused(&claim);
-                Err(shared.saturated(ShedReason::Bytes))
-            }
+        if reserved {
+            Ok(Permit::with_share(shared.clone(), claim, Share::new(bytes)))
+        } else {
+            shared.give_back_unused(&claim);
+            Err(shared.saturated(ShedReason::Bytes))
         }
     }
 

@@ -10,28 +10,33 @@
 
 use crate::slots::ledger::{generation, GENERATION_BITS};
 use crate::slots::table::SlotTable;
-use crate::slots::{ByteBudget, Claim, Epoch};
+use crate::slots::{ByteBudget, Claim};
 use crate::sync::Ordering;
 
 impl SlotTable {
     /// Reserves `bytes` of the budget for the holder of `claim` and records
-    /// them beside its entry. `None` if they do not fit (or there is no
+    /// them beside its entry. `false` if they do not fit (or there is no
     /// budget), or if `claim` no longer holds its entry: a claim that sat
     /// past `reclaim_after` before it was used, and was swept meanwhile,
     /// must never write over the record of the entry's next holder.
-    pub(crate) fn reserve_bytes(&self, claim: &Claim, bytes: u64) -> Option<Epoch> {
-        let budget = self.budget.as_deref()?;
-        let epoch = budget.reserve(bytes)?;
+    pub(crate) fn reserve_bytes(&self, claim: &Claim, bytes: u64) -> bool {
+        let Some(budget) = self
+            .budget
+            .as_deref()
+            .filter(|budget| budget.reserve(bytes))
+        else {
+            return false;
+        };
         let (entry, record) = (
             self.ledger.entry(claim.index()),
-            &self.records[claim.index()],
+            &budget.records[claim.index()],
         );
         let mine = (bytes << GENERATION_BITS) | generation(claim.word());
         let mut current = record.load(Ordering::SeqCst);
         loop {
             if entry.load(Ordering::SeqCst) != claim.word() {
-                budget.give_back(bytes, epoch);
-                return None;
+                budget.give_back(bytes);
+                return false;
             }
             match record.compare_exchange(current, mine, Ordering::SeqCst, Ordering::SeqCst) {
                 Ok(_) => break,
@@ -43,7 +48,7 @@ impl SlotTable {
         // once, since the record was taken.
         let stale = current >> GENERATION_BITS;
         if stale != 0 {
-            budget.give_back_abandoned(stale);
+            budget.give_back(stale);
         }
         // Swept between the check and the record: the sweep gave back what
         // it found, and this record is undone here unless the entry's next
@@ -56,11 +61,11 @@ impl SlotTable {
                 Ordering::Relaxed,
             );
             if undone.is_ok() {
-                budget.give_back(bytes, epoch);
+                budget.give_back(bytes);
             }
-            return None;
+            return false;
         }
-        Some(epoch)
+        true
     }
 
     /// The holder of `claim` takes its `bytes` off its entry's record, to
@@ -72,8 +77,8 @@ impl SlotTable {
         // holding this claim's word rules out a newer holder's.
         let swept = self.ledger.entry(claim.index()).load(Ordering::SeqCst) != claim.word();
         !swept
-            && self.records.get(claim.index()).is_some_and(|record| {
-                record
+            && self.budget.as_deref().is_some_and(|budget| {
+                budget.records[claim.index()]
                     .compare_exchange(
                         mine,
                         generation(claim.word()),
@@ -84,9 +89,9 @@ impl SlotTable {
             })
     }
 
-    pub(crate) fn give_back_bytes(&self, bytes: u64, epoch: Epoch) {
+    pub(crate) fn give_back_bytes(&self, bytes: u64) {
         if let Some(budget) = &self.budget {
-            budget.give_back(bytes, epoch);
+            budget.give_back(bytes);
         }
     }
 
@@ -98,9 +103,10 @@ impl SlotTable {
     /// gives back the bytes its holder had recorded, if they are still
     /// there.
     pub(super) fn give_back_recorded_bytes(&self, index: usize, word: u64) {
-        let (Some(budget), Some(record)) = (&self.budget, self.records.get(index)) else {
+        let Some(budget) = &self.budget else {
             return;
         };
+        let record = &budget.records[index];
         let held = record.load(Ordering::SeqCst);
         let taken = generation(held) == generation(word)
             && held >> GENERATION_BITS != 0
@@ -108,7 +114,7 @@ impl SlotTable {
                 .compare_exchange(held, generation(word), Ordering::SeqCst, Ordering::Relaxed)
                 .is_ok();
         if taken {
-            budget.give_back_abandoned(held >> GENERATION_BITS);
+            budget.give_back(held >> GENERATION_BITS);
         }
     }
 
@@ -134,7 +140,7 @@ mod tests {
     fn reclaiming_a_slot_gives_back_the_bytes_its_holder_recorded() {
         let table = table(1);
         let old = table.try_claim(1, Ordering::Relaxed).unwrap();
-        table.reserve_bytes(&old, 800).unwrap();
+        assert!(table.reserve_bytes(&old, 800));
         assert_eq!(table.bytes_reserved(), 800);
         let new = table.try_claim(1 + HOLD, Ordering::Relaxed).unwrap();
         assert_eq!(table.bytes_reserved(), 0);
@@ -142,7 +148,7 @@ mod tests {
             !table.unrecord_bytes(&old, 800),
             "the late holder finds nothing to give back"
         );
-        table.reserve_bytes(&new, 900).unwrap();
+        assert!(table.reserve_bytes(&new, 900));
         assert!(table.unrecord_bytes(&new, 900));
     }
 
@@ -150,7 +156,7 @@ mod tests {
     fn expired_bytes_come_back_with_their_slot_once() {
         let table = table(2);
         let leaked = table.try_claim(1, Ordering::Relaxed).unwrap();
-        table.reserve_bytes(&leaked, 800).unwrap();
+        assert!(table.reserve_bytes(&leaked, 800));
         assert!(!table.recover_expired_bytes(HOLD), "not expired yet");
         assert_eq!(table.bytes_reserved(), 800);
         assert!(table.recover_expired_bytes(1 + HOLD));
@@ -168,9 +174,9 @@ mod tests {
         let late = table.try_claim(1, Ordering::Relaxed).unwrap();
         assert_eq!(table.reclaim_expired(1 + HOLD), 1);
         let next = table.try_claim(1 + HOLD, Ordering::Relaxed).unwrap();
-        assert_eq!(table.reserve_bytes(&late, 300), None);
+        assert!(!table.reserve_bytes(&late, 300));
         assert_eq!(table.bytes_reserved(), 0);
-        table.reserve_bytes(&next, 700).unwrap();
+        assert!(table.reserve_bytes(&next, 700));
         assert_eq!(table.bytes_reserved(), 700);
     }
 
@@ -178,14 +184,14 @@ mod tests {
     fn a_record_stored_by_the_entry_s_next_holder_is_never_taken() {
         let table = table(1);
         let leaked = table.try_claim(1, Ordering::Relaxed).unwrap();
-        table.reserve_bytes(&leaked, 600).unwrap();
+        assert!(table.reserve_bytes(&leaked, 600));
         let next = table.try_claim(1 + HOLD, Ordering::Relaxed).unwrap();
         assert_eq!(
             table.bytes_reserved(),
             0,
             "the sweep took the leaked bytes back"
         );
-        table.reserve_bytes(&next, 700).unwrap();
+        assert!(table.reserve_bytes(&next, 700));
         assert!(!table.recover_expired_bytes(1 + HOLD));
         assert_eq!(table.bytes_reserved(), 700);
         assert!(

@@ -23,10 +23,15 @@ pub(crate) struct SlotTable {
     pub(super) ledger: Ledger,
     /// `reclaim_after`, in ticks.
     hold: u64,
+    /// The earliest tick a claim is dated from: one past the last reset's,
+    /// so that a word written after a reset never repeats one written
+    /// before it, however many times an entry is written within a tick (a
+    /// clock that stands still, such as a `ManualClock`). A late release
+    /// from before the reset then never matches. `Relaxed`: a reset stores
+    /// it before its count's `SeqCst` update, which every claim admitted
+    /// after the reset reads.
+    floor: AtomicU64,
     pub(super) budget: Option<Box<ByteBudget>>,
-    /// The bytes each entry's holder reserved, with a byte budget (see
-    /// `bytes`).
-    pub(super) records: Box<[AtomicU64]>,
     /// The entry and weight of each claim of more than one slot, which a
     /// sweep or a reset needs to give back their count. Locked by such a
     /// claim from before it writes its entry until it is listed.
@@ -48,16 +53,14 @@ impl SlotTable {
     /// `hold` ticks.
     pub(crate) fn new(limit: usize, now: u64, hold: u64, max_bytes: Option<u64>) -> Self {
         let ledger = Ledger::new(limit, now, hold);
-        let records = match max_bytes {
-            Some(_) => (0..ledger.len()).map(|_| AtomicU64::new(0)).collect(),
-            None => Box::default(),
-        };
+        // A byte record beside each entry.
+        let budget = max_bytes.map(|max| Box::new(ByteBudget::new(max, ledger.len())));
         Self {
             admission: Admission::new(limit),
             ledger,
             hold,
-            budget: max_bytes.map(|max| Box::new(ByteBudget::new(max))),
-            records,
+            floor: AtomicU64::new(0),
+            budget,
             weighted: Mutex::default(),
             admitted: AtomicU64::new(0),
             reclaimed: AtomicUsize::new(0),
@@ -142,6 +145,7 @@ impl SlotTable {
     #[inline(always)]
     fn record(&self, now: u64, weight: usize, reclaimed: bool) -> Claim {
         self.gauge(weight as f64);
+        let now = now.max(self.floor.load(Ordering::Relaxed));
         let held_until = now.saturating_add(self.hold).min(MAX_DEADLINE) << GENERATION_BITS;
         let start = ledger::start(self.ledger.len());
         let (index, word) = if weight == 1 {
@@ -220,10 +224,12 @@ impl SlotTable {
         self.reclaimed.swap(0, Ordering::Relaxed)
     }
 
-    /// Frees every slot, whoever holds it: their holders' releases find new
-    /// words and free nothing. Claims admitted but not yet written stay
-    /// counted, and are released as any.
-    pub(crate) fn reset(&self) {
+    /// Frees every slot, whoever holds it, at `now`: their holders'
+    /// releases find new words and free nothing. Claims admitted but not
+    /// yet written stay counted, and are released as any.
+    pub(crate) fn reset(&self, now: u64) {
+        self.floor
+            .fetch_max(now.saturating_add(1), Ordering::Relaxed);
         let mut slots = 0;
         self.ledger.clear(|index, word| {
             self.give_back_recorded_bytes(index, word);
@@ -231,9 +237,6 @@ impl SlotTable {
         });
         self.admission.give_back_freed(slots, false);
         self.gauge(-(slots as f64));
-        if let Some(budget) = &self.budget {
-            budget.reset();
-        }
     }
 
     /// Whether `weight` slots could be had at `now`: free under the limit,
@@ -382,7 +385,7 @@ mod tests {
     fn reset_in_the_same_tick_gives_new_holders_new_words() {
         let table = table(1);
         let old = table.try_claim(5, Ordering::Relaxed).unwrap();
-        table.reset();
+        table.reset(5);
         assert_eq!(table.in_flight(), 0);
         let new = table.try_claim(5, Ordering::Relaxed).unwrap();
         assert_ne!(old.word(), new.word());
