@@ -36,8 +36,14 @@
 //! each its local limit too), `--wait-ms N` (0: no wait budget; a shed
 //! worker asks again after a millisecond), `--light-workers N` (the first
 //! replica's workers), `--weights 2,1,1` (one a replica), `--seconds S`
-//! (4, after the late start), `--route-ms N` (50), `--json`.
-//! `tests/cluster_processes.rs` runs it.
+//! (4, after the late start), `--route-ms N` (50), `--name NAME` (the
+//! ceiling's name), `--lease-ms N` and `--timeout-ms N` (passed on to the
+//! replicas), `--json` (with the route's peaks by tenth of a second since
+//! the run's epoch). The replicas share a ceiling on `--redis URL`, on a
+//! Redis Cluster (`--redis-cluster URL,URL,...`: any of its nodes) or on
+//! the primary that Sentinel names (`--sentinels URL,URL,...`, the primary
+//! `mymaster` or `--primary-name NAME`). `tests/cluster_processes.rs` runs
+//! it on each.
 //!
 //! ```text
 //! cargo run --release --example cluster --features redis -- --replicas-start-late
@@ -53,10 +59,12 @@ use http::Request;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use redis::sentinel::{SentinelClient, SentinelServerType};
 use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_inflight::redis::ClusterCeiling;
@@ -96,6 +104,24 @@ fn redis() -> (String, Option<OwnRedis>) {
             (server.url(), Some(server))
         }
     }
+}
+
+/// Where the replicas' ceiling lives, as they are told it: a Redis Cluster
+/// (`--redis-cluster`), a primary found through Sentinel (`--sentinels`),
+/// or one node (`--redis`, a server of the demo's own if not given, running
+/// while the second value lives).
+fn deployment() -> (Vec<String>, Option<OwnRedis>) {
+    for option in ["--redis-cluster", "--sentinels"] {
+        if let Some(urls) = arg(option) {
+            let mut args = vec![option.to_string(), urls];
+            if let Some(name) = arg("--primary-name") {
+                args.extend(["--primary-name".into(), name]);
+            }
+            return (args, None);
+        }
+    }
+    let (url, own) = redis();
+    (vec!["--redis".into(), url], own)
 }
 
 /// What the route did from `from` to `to` (Unix milliseconds).
@@ -158,8 +184,8 @@ async fn main() {
 }
 
 /// What the dependency saw: calls inside its route now and at most (all of
-/// them, and those admitted on a lease), and the calls served and the time
-/// they spent inside.
+/// them, and those admitted on a lease), the calls served and the time
+/// they spent inside, and in a shares run its peaks over time.
 #[derive(Default)]
 struct Route {
     inside: AtomicUsize,
@@ -169,6 +195,68 @@ struct Route {
     served: AtomicU64,
     busy_micros: AtomicU64,
     without_lease: AtomicU64,
+    timeline: OnceLock<Timeline>,
+}
+
+/// The route's peaks by tenth of a second since an epoch, for a test to
+/// look at the moments it chose (a failover, and after): in each tenth, the
+/// most calls inside at once, of those the most admitted on a lease, and
+/// the calls that entered without one. Read at each call's entry: the most
+/// at once is always reached at an entry.
+struct Timeline {
+    epoch: u64,
+    peak: Vec<AtomicUsize>,
+    peak_leased: Vec<AtomicUsize>,
+    without_lease: Vec<AtomicUsize>,
+}
+
+impl Timeline {
+    fn new(epoch: u64, end_at: u64) -> Self {
+        let tenths = (end_at.saturating_sub(epoch) / 100 + 1) as usize;
+        let counts = || (0..tenths).map(|_| AtomicUsize::new(0)).collect();
+        Self {
+            epoch,
+            peak: counts(),
+            peak_leased: counts(),
+            without_lease: counts(),
+        }
+    }
+
+    /// A call entered, with `inside` calls inside now, and `leased` of them
+    /// on a lease if it is on one.
+    fn enter(&self, inside: usize, leased: Option<usize>) {
+        let Some(tenth) = unix_millis()
+            .checked_sub(self.epoch)
+            .map(|since| (since / 100) as usize)
+            .filter(|&tenth| tenth < self.peak.len())
+        else {
+            return;
+        };
+        self.peak[tenth].fetch_max(inside, Ordering::SeqCst);
+        if let Some(leased) = leased {
+            self.peak_leased[tenth].fetch_max(leased, Ordering::SeqCst);
+        } else {
+            self.without_lease[tenth].fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// `"epoch":...,"tenth_peak":[...],...`, for the JSON line.
+    fn json(&self) -> String {
+        let list = |counts: &[AtomicUsize]| {
+            let counts: Vec<String> = counts
+                .iter()
+                .map(|count| count.load(Ordering::SeqCst).to_string())
+                .collect();
+            counts.join(",")
+        };
+        format!(
+            r#""epoch":{},"tenth_peak":[{}],"tenth_peak_leased":[{}],"tenth_without_lease":[{}]"#,
+            self.epoch,
+            list(&self.peak),
+            list(&self.peak_leased),
+            list(&self.without_lease),
+        )
+    }
 }
 
 /// The header a replica sends with a call it may have admitted without a
@@ -277,11 +365,19 @@ async fn serve_route(route_time: Duration) -> (Arc<Route>, String) {
                     let leased = !headers.contains_key(WITHOUT_LEASE);
                     let inside = route.inside.fetch_add(1, Ordering::SeqCst) + 1;
                     route.peak.fetch_max(inside, Ordering::SeqCst);
-                    if leased {
-                        let inside = route.inside_leased.fetch_add(1, Ordering::SeqCst) + 1;
-                        route.peak_leased.fetch_max(inside, Ordering::SeqCst);
-                    } else {
-                        route.without_lease.fetch_add(1, Ordering::SeqCst);
+                    let inside_leased = match leased {
+                        true => {
+                            let inside = route.inside_leased.fetch_add(1, Ordering::SeqCst) + 1;
+                            route.peak_leased.fetch_max(inside, Ordering::SeqCst);
+                            Some(inside)
+                        }
+                        false => {
+                            route.without_lease.fetch_add(1, Ordering::SeqCst);
+                            None
+                        }
+                    };
+                    if let Some(timeline) = route.timeline.get() {
+                        timeline.enter(inside, inside_leased);
                     }
                     tokio::time::sleep(route_time).await;
                     if leased {
@@ -339,7 +435,7 @@ async fn run(
             if let Some(ceiling) = ceiling {
                 command.args(["--ceiling", &ceiling.to_string()]);
             }
-            command.args(timeout_arg());
+            command.args(passed_on());
             command.spawn().expect("a replica starts")
         })
         .collect();
@@ -430,13 +526,15 @@ async fn shares() -> i32 {
         seconds >= 3,
         "--seconds: at least 3 (a second to settle, 2 s measured)"
     );
-    let (redis_url, _own_redis) = redis();
+    let (deployment, _own_redis) = deployment();
     let (route, dependency) = serve_route(route_time).await;
 
-    let name = format!("shares-{}-{}", std::process::id(), unix_millis());
+    let name =
+        arg("--name").unwrap_or_else(|| format!("shares-{}-{}", std::process::id(), unix_millis()));
     let epoch = unix_millis() + 1_000;
     let late_at = epoch + late_ms;
     let end_at = late_at + seconds * 1_000;
+    let _ = route.timeline.set(Timeline::new(epoch, end_at));
     let starts: Vec<u64> = (0..replicas)
         .map(|i| {
             if i >= replicas - late.min(replicas) {
@@ -453,7 +551,8 @@ async fn shares() -> i32 {
                 _ => workers,
             };
             Command::new(std::env::current_exe().unwrap())
-                .args(["--node", "--dependency", &dependency, "--redis", &redis_url])
+                .args(["--node", "--dependency", &dependency])
+                .args(&deployment)
                 .args(["--name", &name, "--ceiling", &ceiling.to_string()])
                 .args(["--start-at", &starts[i].to_string()])
                 .args(["--end-at", &end_at.to_string()])
@@ -463,7 +562,7 @@ async fn shares() -> i32 {
                 .args(["--wait-ms", &wait_ms.to_string()])
                 .args(["--shed-pause-ms", "1"])
                 .args(["--weight", &weights[i].to_string()])
-                .args(timeout_arg())
+                .args(passed_on())
                 .stdout(Stdio::piped())
                 .spawn()
                 .expect("a replica starts")
@@ -576,13 +675,14 @@ async fn shares() -> i32 {
     );
     if flag("--json") {
         println!(
-            r#"{{"replicas":{replicas},"ceiling":{ceiling},"peak":{},"peak_leased":{},"without_lease":{},"admitted_without_lease":{admitted_without_lease},"redis_errors":{redis_errors},"goodput":{goodput:.4},"errors":{errors},"shares":[{}],"low":[{}],"high":[{}]}}"#,
+            r#"{{"replicas":{replicas},"ceiling":{ceiling},"peak":{},"peak_leased":{},"without_lease":{},"admitted_without_lease":{admitted_without_lease},"redis_errors":{redis_errors},"goodput":{goodput:.4},"errors":{errors},"shares":[{}],"low":[{}],"high":[{}],{}}}"#,
             measured.peak,
             measured.peak_leased,
             measured.without_lease,
             shares.join(","),
             lows.join(","),
-            highs.join(",")
+            highs.join(","),
+            route.timeline.get().unwrap().json(),
         );
     }
     // The ceiling's promise: calls admitted on a lease never exceed it;
@@ -595,9 +695,13 @@ async fn shares() -> i32 {
     }
 }
 
-/// `--timeout-ms`, if given, passed on to a replica.
-fn timeout_arg() -> Vec<String> {
-    arg("--timeout-ms").map_or_else(Vec::new, |timeout| vec!["--timeout-ms".into(), timeout])
+/// `--timeout-ms` and `--lease-ms`, those given, passed on to a replica.
+fn passed_on() -> Vec<String> {
+    ["--timeout-ms", "--lease-ms"]
+        .into_iter()
+        .filter_map(|option| arg(option).map(|value| [option.to_string(), value]))
+        .flatten()
+        .collect()
 }
 
 /// Whether a replica's ceiling has found Redis away (its
@@ -633,12 +737,24 @@ fn ceiling_config(local: usize, wait: Option<Duration>, reach: Arc<Reach>) -> Co
         config = config.wait(wait);
     }
     if let Some(ceiling) = arg("--ceiling") {
-        let client = redis::Client::open(arg("--redis").expect("--redis")).unwrap();
-        let mut ceiling = ClusterCeiling::new(
-            client,
-            arg("--name").expect("--name"),
-            ceiling.parse().unwrap(),
-        );
+        let (name, limit) = (arg("--name").expect("--name"), ceiling.parse().unwrap());
+        let mut ceiling = if let Some(nodes) = arg("--redis-cluster") {
+            let nodes: Vec<&str> = nodes.split(',').collect();
+            let client = redis::cluster::ClusterClient::new(nodes).unwrap();
+            ClusterCeiling::cluster(client, name, limit)
+        } else if let Some(sentinels) = arg("--sentinels") {
+            let client = SentinelClient::build(
+                sentinels.split(',').collect(),
+                arg("--primary-name").unwrap_or_else(|| "mymaster".into()),
+                None,
+                SentinelServerType::Master,
+            )
+            .unwrap();
+            ClusterCeiling::sentinel(client, name, limit)
+        } else {
+            let client = redis::Client::open(arg("--redis").expect("--redis")).unwrap();
+            ClusterCeiling::new(client, name, limit)
+        };
         if let Some(lease) = arg("--lease-ms") {
             ceiling = ceiling.lease(Duration::from_millis(lease.parse().unwrap()));
         }

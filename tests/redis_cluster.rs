@@ -11,15 +11,13 @@
 //! Without `redis-server` or `redis-cli` on `PATH`, each test says it is
 //! skipped and passes.
 
-#[path = "support/redis_topology.rs"]
-#[allow(dead_code)] // shared with tests/redis_sentinel.rs
-mod redis_topology;
+mod support;
 
 use redis::AsyncCommands;
-use redis_topology::RedisCluster;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::redis_topology::RedisCluster;
 use tower_inflight::redis::{ClusterCeiling, WhenUnreachable};
 use tower_inflight::{Bulkhead, Config, ShedReason};
 

@@ -10,16 +10,14 @@
 //!
 //! Without `redis-server` on `PATH`, the test says it is skipped and passes.
 
-#[path = "support/redis_topology.rs"]
-#[allow(dead_code)] // shared with tests/redis_cluster.rs
-mod redis_topology;
+mod support;
 
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::AsyncCommands;
-use redis_topology::{RedisSentinel, PRIMARY_NAME};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::redis_topology::{RedisSentinel, PRIMARY_NAME};
 use tower_inflight::redis::ClusterCeiling;
 use tower_inflight::{Bulkhead, Config, ShedReason};
 

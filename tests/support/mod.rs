@@ -104,3 +104,6 @@ pub(crate) fn spawn_acquire(
 
 #[cfg(feature = "redis")]
 pub(crate) mod redis_server;
+
+#[cfg(feature = "redis")]
+pub(crate) mod redis_topology;
