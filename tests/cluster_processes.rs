@@ -149,6 +149,10 @@ async fn a_killed_replica_s_slots_come_back_after_its_lease_not_before() {
             &server.url(),
             "--lease-ms",
             &lease.as_millis().to_string(),
+            // A round trip slower than the default 100 ms on a loaded
+            // machine would admit a call without a lease (`FailOpen`).
+            "--timeout-ms",
+            "1000",
         ])
         .stdout(Stdio::piped())
         .spawn()
@@ -162,8 +166,11 @@ async fn a_killed_replica_s_slots_come_back_after_its_lease_not_before() {
     replica.wait().unwrap();
 
     let bulkhead = Bulkhead::new(
-        Config::new(3, Duration::from_secs(30))
-            .cluster_ceiling(ClusterCeiling::new(server.client(), "killed", 3).lease(lease)),
+        Config::new(3, Duration::from_secs(30)).cluster_ceiling(
+            ClusterCeiling::new(server.client(), "killed", 3)
+                .lease(lease)
+                .timeout(Duration::from_secs(1)),
+        ),
     );
     // The three leases were taken one after another: each comes back at
     // its own deadline.

@@ -215,6 +215,11 @@ impl ClusterCeiling {
     /// to the bulkhead's `reclaim_after`: with a short
     /// [`lease`](Self::lease), a killed replica's slots come back quickly
     /// while long calls keep theirs. Off by default.
+    ///
+    /// A renewal needs Redis within two thirds of a lease: through a
+    /// longer stall or network split, the lease runs out while its call
+    /// goes on, and another replica may be granted its place. Take a lease
+    /// longer than the longest stall you expect of Redis.
     pub fn renew(mut self, renew: bool) -> Self {
         self.renew = renew;
         self

@@ -11,7 +11,7 @@ use crate::{Config, Status};
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -43,6 +43,11 @@ pub(super) struct Cluster {
     /// While Redis is skipped after a failure: until when, in milliseconds
     /// since `epoch` plus one; 0 while Redis answers.
     skip_until: AtomicU64,
+    /// Whether Redis was last reported reachable: reports are made under
+    /// this lock, each of the state `skip_until` holds then, so that two
+    /// threads changing it at once cannot leave the last report saying
+    /// the opposite of the state.
+    reported_reachable: Mutex<bool>,
     epoch: Instant,
     fallback: Option<Arc<FallbackPlaces>>,
     counts: Arc<Counts>,
@@ -120,6 +125,7 @@ impl Cluster {
             lasts,
             renew_for: reclaim_after,
             skip_until: AtomicU64::new(0),
+            reported_reachable: Mutex::new(true),
             epoch: Instant::now(),
             fallback,
             counts,
@@ -266,8 +272,20 @@ impl Cluster {
         (self.epoch.elapsed().as_millis() as u64).saturating_add(1)
     }
 
-    /// Reports Redis answering again, or failing, once per change.
-    fn reachable(&self, reachable: bool) {
+    /// Reports Redis answering again, or failing, once per change: called
+    /// after each change of `skip_until` between 0 and not, it reports the
+    /// state it finds, if that is not the one reported last.
+    fn report_reachable(&self) {
+        // A hook that panicked under it left `reported` right: it is set first.
+        let mut reported = self
+            .reported_reachable
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let reachable = self.skip_until.load(Ordering::Relaxed) == 0;
+        if *reported == reachable {
+            return;
+        }
+        *reported = reachable;
         #[cfg(feature = "metrics")]
         self.metrics.reachable.set(f64::from(u8::from(reachable)));
         if let Some(hook) = &self.on_event {
@@ -277,7 +295,7 @@ impl Cluster {
 
     fn reached(&self, round_trip: Duration, reply: &Reply) {
         if self.skip_until.swap(0, Ordering::Relaxed) != 0 {
-            self.reachable(true);
+            self.report_reachable();
         }
         #[cfg(feature = "metrics")]
         {
@@ -304,7 +322,7 @@ impl Cluster {
         self.metrics.errors.increment(1);
         let next = self.millis().saturating_add(self.backoff_ms()).max(1);
         if self.skip_until.swap(next, Ordering::Relaxed) == 0 {
-            self.reachable(false);
+            self.report_reachable();
         }
         #[cfg(feature = "tracing")]
         match error {
@@ -602,6 +620,78 @@ mod tests {
         assert!(tokens
             .iter()
             .all(|token| token.len() == 32 && token.starts_with(&replica)));
+    }
+
+    /// Redis fails, answers, and fails again while the first report is
+    /// still in the hook: the reports that follow look at the state as it
+    /// is then, so the last one says what the ceiling's status says.
+    #[test]
+    fn the_last_reachability_report_is_the_state_the_ceiling_is_in() {
+        use std::sync::mpsc;
+        let (entered, in_hook) = mpsc::channel();
+        let (go_on, released) = mpsc::channel::<()>();
+        let released = Mutex::new(released);
+        let reports = Arc::new(Mutex::new(Vec::<bool>::new()));
+        let seen = reports.clone();
+        let config = Config::new(1, Duration::from_secs(30)).on_event(move |event| {
+            let Event::ClusterReachable { reachable } = *event else {
+                return;
+            };
+            if reachable {
+                // Made to land last if it is made at all: after the second
+                // failure's report, which a report of the answer made
+                // outside of any order would race.
+                let waited = std::time::Instant::now();
+                while seen.lock().unwrap().iter().filter(|up| !**up).count() < 2
+                    && waited.elapsed() < Duration::from_secs(5)
+                {
+                    std::thread::yield_now();
+                }
+            }
+            let first = {
+                let mut seen = seen.lock().unwrap();
+                seen.push(reachable);
+                seen.len() == 1
+            };
+            if first {
+                entered.send(()).unwrap();
+                released.lock().unwrap().recv().unwrap();
+            }
+        });
+        let client = ::redis::Client::open("redis://127.0.0.1:1").unwrap();
+        let cluster = Cluster::new(ClusterCeiling::new(client, "reach", 1), &config);
+        let reply = Reply {
+            admitted: true,
+            held: 0,
+            reclaimed: 0,
+            earliest_ends_in: 0,
+            released: Vec::new(),
+            kept: 0,
+        };
+        std::thread::scope(|scope| {
+            let failed = scope.spawn(|| cluster.unreached(None));
+            in_hook.recv().unwrap();
+            // Answered, then failed again, while `false` is being reported.
+            let answered = scope.spawn(|| cluster.reached(Duration::ZERO, &reply));
+            while cluster.skip_until.load(Ordering::Relaxed) != 0 {
+                std::thread::yield_now();
+            }
+            let failed_again = scope.spawn(|| cluster.unreached(None));
+            while cluster.skip_until.load(Ordering::Relaxed) == 0 {
+                std::thread::yield_now();
+            }
+            go_on.send(()).unwrap();
+            for thread in [failed, answered, failed_again] {
+                thread.join().unwrap();
+            }
+        });
+        let reports = reports.lock().unwrap().clone();
+        assert_eq!(reports.last(), Some(&false), "{reports:?}");
+        assert_ne!(
+            cluster.skip_until.load(Ordering::Relaxed),
+            0,
+            "Redis failed last"
+        );
     }
 
     #[test]
