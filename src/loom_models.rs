@@ -226,6 +226,7 @@ fn waiter_meets_a_release(limit: usize, weight: usize) {
             &table,
             &still(),
             None,
+            &QueueOrder::Fifo,
             crate::Ticket::new().weight(weight),
             None,
         );
@@ -250,12 +251,14 @@ fn waiter_meets_a_release(limit: usize, weight: usize) {
 fn loom_a_move_and_an_arrival_never_miss_each_other() {
     loom::model(|| {
         let table = Arc::new(SlotTable::new(1, 1, HOLD, None));
-        let waiters = Arc::new(Waiters::new(QueueOrder::PriorityFifo));
+        let waiters = Arc::new(Waiters::new());
+        let by_priority = QueueOrder::PriorityFifo;
         let held = table.try_claim(1, Ordering::Relaxed).unwrap();
         let Arrival::Parked(other) = waiters.arrive(
             &table,
             &still(),
             None,
+            &by_priority,
             crate::Ticket::new().priority(5),
             None,
         ) else {
@@ -266,7 +269,14 @@ fn loom_a_move_and_an_arrival_never_miss_each_other() {
             let (waiters, movable) = (waiters.clone(), movable.clone());
             thread::spawn(move || waiters.move_in_line(&movable, 1))
         };
-        let arrival = waiters.arrive(&table, &still(), None, crate::Ticket::new(), Some(&movable));
+        let arrival = waiters.arrive(
+            &table,
+            &still(),
+            None,
+            &by_priority,
+            crate::Ticket::new(),
+            Some(&movable),
+        );
         mover.join().unwrap();
         let Arrival::Parked(moved) = arrival else {
             panic!("the moved caller parks: the only slot is held");

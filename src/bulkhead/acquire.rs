@@ -149,6 +149,7 @@ impl Acquire {
                         shared.slots(),
                         shared.clock(),
                         shared.config().max_waiting,
+                        &shared.config().queue_order,
                         *this.ticket,
                         this.movable.as_deref(),
                     );

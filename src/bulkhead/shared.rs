@@ -100,7 +100,7 @@ impl Shared {
         Ok(Shared {
             slots,
             clock,
-            waiters: Waiters::new(config.queue_order.clone()),
+            waiters: Waiters::new(),
             observer,
             saturation: config
                 .saturation_signal
@@ -704,6 +704,31 @@ impl<F: FnMut()> Drop for OnUnwind<F> {
 mod tests {
     use crate::{Bulkhead, Config, ManualClock};
     use std::time::Duration;
+
+    /// What a key of a keyed bulkhead allocates for its bulkhead of limit
+    /// 4: its shared state behind an `Arc` (two counts beside it), one
+    /// refusal lane and a ledger of two entries a slot. Its configuration
+    /// is the keyed bulkhead's, it keeps no history of minutes, and the
+    /// settings it does not have take a word each. (`tests/allocations.rs`
+    /// counts what a plain bulkhead allocates; `tests/keyed_memory.rs`
+    /// what a key does, everything included.)
+    #[test]
+    fn a_key_s_bulkhead_of_four_slots_keeps_at_most_half_a_kib() {
+        use std::mem::size_of;
+        let limit = 4;
+        let bytes = 2 * size_of::<usize>()
+            + size_of::<super::Shared>()
+            + crate::observe::Refusals::heap_bytes(None, limit)
+            + 2 * limit * size_of::<u64>();
+        // With feature `metrics`, the handles of its series too (they
+        // record nothing unless the key is one to report).
+        let most = if cfg!(any(feature = "metrics", feature = "tracing")) {
+            1024
+        } else {
+            512
+        };
+        assert!(bytes <= most, "{bytes} bytes");
+    }
 
     /// Claims given back unused across a reset, whether or not a sweep
     /// reclaimed slots for them: the count comes out even.

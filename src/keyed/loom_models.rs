@@ -205,6 +205,7 @@ fn loom_a_turn_given_up_racing_a_release_hands_the_slot_to_its_key_s_next() {
                 shared.slots(),
                 shared.clock(),
                 None,
+                &shared.config().queue_order,
                 ticket,
                 movable.as_deref(),
             ) else {

@@ -66,6 +66,12 @@ impl Refusals {
         lane.name.clone()
     }
 
+    /// The bytes of heap the lanes of a bulkhead of `limit` slots take.
+    #[cfg(all(test, not(tower_inflight_loom)))]
+    pub(crate) fn heap_bytes(name: Option<&str>, limit: usize) -> usize {
+        Self::new(name, limit).lanes.len() * std::mem::size_of::<Lane>()
+    }
+
     /// Refusals for `reason`, ever.
     pub(crate) fn count(&self, reason: ShedReason) -> u64 {
         self.lanes

@@ -274,8 +274,12 @@ pub(crate) struct Rollups {
     next_minute: AtomicU64,
     /// The peak seen since the last entry.
     peak: AtomicUsize,
-    history: Mutex<VecDeque<Entry>>,
+    /// The entries, a minute each; none without history.
+    history: Option<Box<Mutex<VecDeque<Entry>>>>,
 }
+
+/// The entries of rollups that keep no history.
+static NO_ENTRIES: VecDeque<Entry> = VecDeque::new();
 
 /// The `next_minute` of rollups that keep no history: past every tick the
 /// clock reaches, so that no minute ever turns.
@@ -291,7 +295,7 @@ impl Rollups {
             ticks_per_minute,
             next_minute: AtomicU64::new(NO_HISTORY),
             peak: AtomicUsize::new(0),
-            history: Mutex::new(VecDeque::new()),
+            history: None,
         }
     }
 
@@ -306,7 +310,7 @@ impl Rollups {
             ticks_per_minute,
             next_minute: AtomicU64::new((minute + 1) * ticks_per_minute),
             peak: AtomicUsize::new(0),
-            history: Mutex::new(VecDeque::from([first])),
+            history: Some(Box::new(Mutex::new(VecDeque::from([first])))),
         }
     }
 
@@ -331,11 +335,11 @@ impl Rollups {
 
     /// Records the totals for the minute `now` is in, if not done already.
     pub(crate) fn turn(&self, now: u64, totals: Totals, in_flight: usize) {
-        if self.next_minute.load(Ordering::Relaxed) == NO_HISTORY {
+        let Some(history) = &self.history else {
             return;
-        }
+        };
         let minute = now / self.ticks_per_minute;
-        let mut history = lock(&self.history);
+        let mut history = lock(history);
         if history.back().is_some_and(|last| last.minute >= minute) {
             return;
         }
@@ -362,7 +366,8 @@ impl Rollups {
         ticks_to_duration: impl Fn(u64) -> Duration,
     ) -> [Window; 5] {
         let minute = now / self.ticks_per_minute;
-        let history = lock(&self.history);
+        let locked = self.history.as_deref().map(lock);
+        let history = locked.as_deref().unwrap_or(&NO_ENTRIES);
         let current_peak = self.peak.load(Ordering::Relaxed);
         let born = history.front().map_or(0, |entry| entry.minute);
         WINDOWS.map(|length| {

@@ -8,6 +8,9 @@ use crate::sync::{lock, AtomicU64, AtomicUsize, Mutex, Ordering};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, DefaultHasher};
 
+/// The weight of each claim of more than one slot, by its entry and word.
+type WeightedClaims = HashMap<(usize, u64), usize, BuildHasherDefault<DefaultHasher>>;
+
 /// The largest `limit` a bulkhead accepts.
 pub(crate) const MAX_SLOTS: usize = 1 << 20;
 
@@ -36,8 +39,9 @@ pub(crate) struct SlotTable {
     /// sweep or a reset needs to give back their count. Locked by such a
     /// claim from before it writes its entry until it is listed.
     /// Its keys are the table's own, so it hashes them without a random
-    /// seed, which would take 16 bytes in every table.
-    weighted: Mutex<HashMap<(usize, u64), usize, BuildHasherDefault<DefaultHasher>>>,
+    /// seed, which would take 16 bytes in every table; allocated by the
+    /// first such claim.
+    weighted: Mutex<Option<Box<WeightedClaims>>>,
     /// Calls admitted, ever.
     admitted: AtomicU64,
     /// Slots reclaimed by sweeps and not yet reported (see
@@ -153,7 +157,9 @@ impl SlotTable {
         } else {
             let mut weighted = lock(&self.weighted);
             let (index, word) = self.ledger.write(start, held_until);
-            weighted.insert((index, word), weight);
+            weighted
+                .get_or_insert_with(Box::default)
+                .insert((index, word), weight);
             (index, word)
         };
         Claim::new(index, word, weight, word & SAMPLE_MASK == 1, reclaimed)
@@ -179,7 +185,10 @@ impl SlotTable {
     /// Takes the entry `index`, freed from `word`, off the list of weighted
     /// claims; returns its weight (1 if it was not listed).
     fn unlist(&self, index: usize, word: u64) -> usize {
-        lock(&self.weighted).remove(&(index, word)).unwrap_or(1)
+        lock(&self.weighted)
+            .as_mut()
+            .and_then(|weighted| weighted.remove(&(index, word)))
+            .unwrap_or(1)
     }
 
     /// Whether every claim held has passed its deadline at `now` (or none

@@ -29,11 +29,14 @@ fn ready_service_holding_the_slot() -> (Bulkhead, Readiness) {
         .slots()
         .try_claim(1, Ordering::Relaxed)
         .expect("the only slot is free");
-    let Arrival::Parked(node) =
-        shared
-            .waiters()
-            .arrive(shared.slots(), shared.clock(), None, Ticket::new(), None)
-    else {
+    let Arrival::Parked(node) = shared.waiters().arrive(
+        shared.slots(),
+        shared.clock(),
+        None,
+        &shared.config().queue_order,
+        Ticket::new(),
+        None,
+    ) else {
         panic!("the only slot is held: the service waits");
     };
     shared.release_permit(&held);
@@ -57,10 +60,14 @@ fn loom_a_ready_service_dropped_before_its_call_hands_its_slot_on() {
         let (bulkhead, readiness) = ready_service_holding_the_slot();
         let dropped = thread::spawn(move || drop(readiness));
         let shared = bulkhead.shared();
-        let arrival =
-            shared
-                .waiters()
-                .arrive(shared.slots(), shared.clock(), None, Ticket::new(), None);
+        let arrival = shared.waiters().arrive(
+            shared.slots(),
+            shared.clock(),
+            None,
+            &shared.config().queue_order,
+            Ticket::new(),
+            None,
+        );
         dropped.join().unwrap();
         let got_the_slot = match &arrival {
             Arrival::Admitted(_) => true,
@@ -84,10 +91,14 @@ fn loom_a_ready_service_calls_on_the_slot_it_was_handed() {
             thread::spawn(move || readiness.call(&bulkhead, 0, Ok, Err))
         };
         let shared = bulkhead.shared();
-        let arrival =
-            shared
-                .waiters()
-                .arrive(shared.slots(), shared.clock(), None, Ticket::new(), None);
+        let arrival = shared.waiters().arrive(
+            shared.slots(),
+            shared.clock(),
+            None,
+            &shared.config().queue_order,
+            Ticket::new(),
+            None,
+        );
         let permit = caller
             .join()
             .unwrap()

@@ -13,12 +13,120 @@ use std::fmt;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Place((i64, u64));
 
-/// The parked callers. The built-in orders are keyed so that the map's
+/// The parked callers, allocated when the first one parks: a bulkhead
+/// whose callers never wait (every key of a keyed bulkhead without a wait
+/// budget) keeps a word for it.
+pub(crate) struct Line<T> {
+    entries: Option<Box<Entries<T>>>,
+}
+
+/// How many callers of each priority wait in a line never used.
+static NO_DEPTHS: BTreeMap<i32, usize> = BTreeMap::new();
+
+impl<T> Line<T> {
+    /// A line of `order`, allocated at once: for tests.
+    #[cfg(all(test, not(tower_inflight_loom)))]
+    pub(crate) fn new(order: QueueOrder) -> Self {
+        Self {
+            entries: Some(Box::new(Entries::new(order))),
+        }
+    }
+
+    /// Puts `entry` in a line made by [`new`](Self::new): for tests.
+    #[cfg(all(test, not(tower_inflight_loom)))]
+    pub(crate) fn push(&mut self, priority: i32, weight: usize, entry: T) -> Place {
+        let entries = self.entries.as_mut().expect("a line made with its order");
+        entries.push_ticket(Ticket::new().priority(priority).weight(weight), entry)
+    }
+
+    /// Puts `entry` in the line where `ticket` goes, under `order` (the
+    /// bulkhead's, always the same); returns where, to
+    /// [`remove`](Self::remove) it if it leaves before it is served.
+    pub(crate) fn push_ticket(&mut self, order: &QueueOrder, ticket: Ticket, entry: T) -> Place {
+        self.entries
+            .get_or_insert_with(|| Box::new(Entries::new(order.clone())))
+            .push_ticket(ticket, entry)
+    }
+
+    /// The next entry to serve, `waiting` being how many are really
+    /// parked, and where it is, to [`take`](Self::take) it.
+    pub(crate) fn peek_next(&self, waiting: usize) -> Option<(Place, &T)> {
+        self.entries.as_ref()?.peek_next(waiting)
+    }
+
+    /// Takes the entry at `place`, as [`peek_next`](Self::peek_next) gave it.
+    pub(crate) fn take(&mut self, place: Place) -> T {
+        self.remove(place)
+            .expect("a place in the line was taken twice")
+    }
+
+    /// Removes the entry at `place`, if it is still there.
+    pub(crate) fn remove(&mut self, place: Place) -> Option<T> {
+        self.entries.as_mut()?.remove(place)
+    }
+
+    /// Moves the entry at `place` to `to` in an order by priority (see
+    /// `Entries::move_to`); returns where it is now.
+    pub(crate) fn move_to(&mut self, place: Place, to: i64) -> Place {
+        match &mut self.entries {
+            Some(entries) => entries.move_to(place, to),
+            None => place,
+        }
+    }
+
+    /// How many entries the line holds.
+    #[cfg(all(test, not(tower_inflight_loom)))]
+    pub(crate) fn len(&self) -> usize {
+        self.entries
+            .as_ref()
+            .map_or(0, |entries| entries.keyed.len())
+    }
+
+    /// Takes the next entry to serve.
+    #[cfg(all(test, not(tower_inflight_loom)))]
+    pub(crate) fn pop_next(&mut self, waiting: usize) -> Option<T> {
+        let (place, _) = self.peek_next(waiting)?;
+        Some(self.take(place))
+    }
+
+    /// A caller of `priority` stopped waiting (served, refused or gone).
+    pub(crate) fn left(&mut self, priority: i32) {
+        if let Some(entries) = &mut self.entries {
+            entries.left(priority);
+        }
+    }
+
+    /// How many callers of each priority are waiting.
+    pub(crate) fn depths(&self) -> &BTreeMap<i32, usize> {
+        self.entries
+            .as_ref()
+            .map_or(&NO_DEPTHS, |entries| &entries.depths)
+    }
+
+    /// Takes every entry out.
+    pub(crate) fn drain(&mut self) -> impl Iterator<Item = T> {
+        self.entries
+            .as_mut()
+            .map(|entries| entries.drain())
+            .into_iter()
+            .flatten()
+    }
+
+    /// Forgets every entry; only once none is waiting. The line stays
+    /// allocated for the next caller to park.
+    pub(crate) fn clear(&mut self) {
+        if let Some(entries) = &mut self.entries {
+            entries.clear();
+        }
+    }
+}
+
+/// The entries of a line. The built-in orders are keyed so that the map's
 /// first entry is the next to be served (for `AdaptiveLifo`, the first or
 /// the last, by length); a custom order is searched. Every entry is a
 /// caller still waiting: one that leaves is removed where it stands, so
 /// the line's memory is bounded by the callers waiting, whatever the order.
-pub(crate) struct Line<T> {
+struct Entries<T> {
     order: QueueOrder,
     next_seq: u64,
     /// By place in line and rank; a custom order's by arrival alone.
@@ -28,8 +136,8 @@ pub(crate) struct Line<T> {
     depths: BTreeMap<i32, usize>,
 }
 
-impl<T> Line<T> {
-    pub(crate) fn new(order: QueueOrder) -> Self {
+impl<T> Entries<T> {
+    fn new(order: QueueOrder) -> Self {
         Self {
             order,
             next_seq: 0,
@@ -38,17 +146,10 @@ impl<T> Line<T> {
         }
     }
 
-    /// Puts `entry` in the line; returns where, to [`remove`](Self::remove)
-    /// it if it leaves before it is served.
-    #[cfg(all(test, not(tower_inflight_loom)))]
-    pub(crate) fn push(&mut self, priority: i32, weight: usize, entry: T) -> Place {
-        self.push_ticket(Ticket::new().priority(priority).weight(weight), entry)
-    }
-
     /// Puts `entry` in the line where `ticket` goes (its place in line,
     /// under an order by priority); returns where, to
     /// [`remove`](Self::remove) it if it leaves before it is served.
-    pub(crate) fn push_ticket(&mut self, ticket: Ticket, entry: T) -> Place {
+    fn push_ticket(&mut self, ticket: Ticket, entry: T) -> Place {
         let (priority, weight) = (ticket.get_priority(), ticket.get_weight());
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -69,9 +170,7 @@ impl<T> Line<T> {
         Place(key)
     }
 
-    /// The next entry to serve, `waiting` being how many are really
-    /// parked, and where it is, to [`take`](Self::take) it.
-    pub(crate) fn peek_next(&self, waiting: usize) -> Option<(Place, &T)> {
+    fn peek_next(&self, waiting: usize) -> Option<(Place, &T)> {
         match &self.order {
             QueueOrder::AdaptiveLifo { after } if waiting > *after => {
                 self.keyed.last_key_value().map(keyed_place)
@@ -81,14 +180,7 @@ impl<T> Line<T> {
         }
     }
 
-    /// Takes the entry at `place`, as [`peek_next`](Self::peek_next) gave it.
-    pub(crate) fn take(&mut self, place: Place) -> T {
-        self.remove(place)
-            .expect("a place in the line was taken twice")
-    }
-
-    /// Removes the entry at `place`, if it is still there.
-    pub(crate) fn remove(&mut self, place: Place) -> Option<T> {
+    fn remove(&mut self, place: Place) -> Option<T> {
         let Place(key) = place;
         self.keyed.remove(&key).map(|(_, entry)| entry)
     }
@@ -96,7 +188,7 @@ impl<T> Line<T> {
     /// Moves the entry at `place` to `to` in an order by priority, keeping
     /// its rank among entries of the same place (its arrival); returns
     /// where it is now. An entry no longer there is not put back.
-    pub(crate) fn move_to(&mut self, place: Place, to: i64) -> Place {
+    fn move_to(&mut self, place: Place, to: i64) -> Place {
         let Place((from, rank)) = place;
         if !matches!(
             self.order,
@@ -113,19 +205,6 @@ impl<T> Line<T> {
         }
     }
 
-    /// How many entries the line holds.
-    #[cfg(all(test, not(tower_inflight_loom)))]
-    pub(crate) fn len(&self) -> usize {
-        self.keyed.len()
-    }
-
-    /// Takes the next entry to serve.
-    #[cfg(all(test, not(tower_inflight_loom)))]
-    pub(crate) fn pop_next(&mut self, waiting: usize) -> Option<T> {
-        let (place, _) = self.peek_next(waiting)?;
-        Some(self.take(place))
-    }
-
     fn first_compared(&self, compare: &Comparator) -> Option<(Place, &T)> {
         self.keyed
             .iter()
@@ -133,8 +212,7 @@ impl<T> Line<T> {
             .map(keyed_place)
     }
 
-    /// A caller of `priority` stopped waiting (served, refused or gone).
-    pub(crate) fn left(&mut self, priority: i32) {
+    fn left(&mut self, priority: i32) {
         if let Some(depth) = self.depths.get_mut(&priority) {
             *depth -= 1;
             if *depth == 0 {
@@ -143,19 +221,13 @@ impl<T> Line<T> {
         }
     }
 
-    /// How many callers of each priority are waiting.
-    pub(crate) fn depths(&self) -> &BTreeMap<i32, usize> {
-        &self.depths
-    }
-
-    pub(crate) fn drain(&mut self) -> impl Iterator<Item = T> {
+    fn drain(&mut self) -> impl Iterator<Item = T> {
         std::mem::take(&mut self.keyed)
             .into_values()
             .map(|(_, entry)| entry)
     }
 
-    /// Forgets every entry; only once none is waiting.
-    pub(crate) fn clear(&mut self) {
+    fn clear(&mut self) {
         self.keyed.clear();
         self.depths.clear();
     }
@@ -167,15 +239,16 @@ fn keyed_place<'a, T>((key, (_, entry)): (&(i64, u64), &'a (WaitingCall, T))) ->
 
 impl<T> Default for Line<T> {
     fn default() -> Self {
-        Self::new(QueueOrder::Fifo)
+        Self { entries: None }
     }
 }
 
 impl<T: fmt::Debug> fmt::Debug for Line<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let entries = self.entries.as_deref();
         f.debug_struct("Line")
-            .field("order", &self.order)
-            .field("len", &self.keyed.len())
+            .field("order", &entries.map(|entries| &entries.order))
+            .field("len", &entries.map_or(0, |entries| entries.keyed.len()))
             .finish()
     }
 }

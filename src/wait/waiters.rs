@@ -123,10 +123,10 @@ impl Node {
 }
 
 impl Waiters {
-    pub(crate) fn new(order: QueueOrder) -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             parked: AtomicU64::new(0),
-            queue: Mutex::new(Line::new(order)),
+            queue: Mutex::new(Line::default()),
         }
     }
 
@@ -277,13 +277,15 @@ impl Waiters {
     }
 
     /// A caller that may wait: admitted if nobody is parked and a slot is
-    /// free, otherwise parked at the tail of the line (unless `max_parked`
-    /// callers already are).
+    /// free, otherwise parked in the line where `order` (the bulkhead's,
+    /// always the same) puts its `ticket` (unless `max_parked` callers
+    /// already are).
     pub(crate) fn arrive(
         &self,
         slots: &SlotTable,
         clock: &Clock,
         max_parked: Option<usize>,
+        order: &QueueOrder,
         ticket: Ticket,
         movable: Option<&MovablePlace>,
     ) -> Arrival {
@@ -317,7 +319,7 @@ impl Waiters {
             Some(movable) => ticket.place_in_line(movable.arrive(node.clone())),
             None => ticket,
         };
-        let place = queue.push_ticket(ticket, node.clone());
+        let place = queue.push_ticket(order, ticket, node.clone());
         *lock(&node.place) = Some(place);
         // `SeqCst`: the arrival's side of the store-buffering pattern with a
         // releaser (see `after_release`): counted in, then the slots read.
@@ -505,7 +507,7 @@ mod tests {
         ] {
             let slots = SlotTable::new(1, 1, HOLD, None);
             let _held = slots.try_claim(1, Ordering::Relaxed).unwrap();
-            let waiters = Waiters::new(order.clone());
+            let waiters = Waiters::new();
             // Steady overload with three priorities: ten wait, and each new
             // arrival makes the one in the middle of the line give up.
             let mut waiting = VecDeque::new();
@@ -515,6 +517,7 @@ mod tests {
                     &slots,
                     &clock(),
                     None,
+                    &order,
                     Ticket::new().priority(priority),
                     None,
                 )));
@@ -552,7 +555,14 @@ mod tests {
     }
 
     fn park_with_checker(waiters: &Arc<Waiters>, slots: &SlotTable) -> Arc<CheckUnlocked> {
-        let node = parked(waiters.arrive(slots, &clock(), None, Ticket::new(), None));
+        let node = parked(waiters.arrive(
+            slots,
+            &clock(),
+            None,
+            &QueueOrder::Fifo,
+            Ticket::new(),
+            None,
+        ));
         let checker = Arc::new(CheckUnlocked {
             waiters: waiters.clone(),
             unlocked: AtomicBool::new(false),
