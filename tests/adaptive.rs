@@ -65,6 +65,45 @@ fn gradient2_shrinks_when_latency_jumps_and_grows_while_steady() {
     assert!(limit < before, "{limit} after {before}");
 }
 
+/// A dependency that refuses at once (its own load shedder, a 503 in
+/// 100 µs) says its limit is too high, and no more: the refusal's latency
+/// is not the least a call can take.
+#[test]
+fn vegas_shrinks_on_a_fast_drop_and_keeps_its_least_latency() {
+    let mut vegas = Vegas::default();
+    let mut limit = 40;
+    for _ in 0..5 {
+        limit = vegas.update(&sample(10, limit, false), limit);
+    }
+    assert_eq!(vegas.baseline(), Some(10 * MS));
+    let fast_drop = Sample::new(Duration::from_micros(100), limit, true, Duration::ZERO);
+    let dropped = vegas.update(&fast_drop, limit);
+    assert!(dropped < limit, "{dropped} after {limit}");
+    assert_eq!(
+        vegas.baseline(),
+        Some(10 * MS),
+        "a drop's latency is no sample"
+    );
+    // The calls after it, at the latency without a queue, grow it again.
+    let after = vegas.update(&sample(10, dropped, false), dropped);
+    assert!(after > dropped, "{after} after {dropped}");
+}
+
+#[test]
+fn gradient2_takes_no_sample_from_drops() {
+    let mut gradient = Gradient2::default();
+    let mut limit = 60;
+    for _ in 0..50 {
+        limit = gradient.update(&sample(10, limit, false), limit);
+    }
+    let before = limit;
+    let fast_drop = Sample::new(Duration::from_micros(100), limit, true, Duration::ZERO);
+    for _ in 0..200 {
+        limit = gradient.update(&fast_drop, limit);
+    }
+    assert_eq!(limit, before, "fast refusals moved it");
+}
+
 // ---- A simulated dependency ------------------------------------------------
 
 /// A dependency of `capacity` workers, each call taking `base` once a

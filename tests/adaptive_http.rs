@@ -24,7 +24,7 @@ impl Algorithm for Recording {
 }
 
 #[tokio::test]
-async fn server_errors_and_429_are_drops_a_408_is_nothing_and_other_answers_are_samples() {
+async fn server_errors_and_429_are_drops_400_408_413_are_nothing_and_other_answers_are_samples() {
     let recording = Recording::default();
     let clock = ManualClock::new();
     let layer = HttpConcurrencyLayer::new(
@@ -48,7 +48,7 @@ async fn server_errors_and_429_are_drops_a_408_is_nothing_and_other_answers_are_
             }
         }
     }));
-    for status in [200u16, 404, 503, 429, 500, 408] {
+    for status in [200u16, 404, 503, 429, 500, 408, 400, 413] {
         let request = Request::get(format!("/{status}"))
             .body(Full::new(Bytes::new()))
             .unwrap();
@@ -69,13 +69,37 @@ async fn server_errors_and_429_are_drops_a_408_is_nothing_and_other_answers_are_
         (503, true),
         (429, true),
         (500, true),
-        // 408: the client was slow (its upload cut by a timeout), not the
-        // dependency.
+        // 408, 400, 413: the request's body did not come as it should (an
+        // upload cut by a timeout, malformed, over a limit): the client's
+        // time, not the dependency's.
     ]
     .into_iter()
     .map(|(ms, dropped)| (Duration::from_millis(ms), dropped))
     .collect();
     assert_eq!(seen, expected);
+}
+
+#[tokio::test]
+async fn a_body_refused_by_a_bulkhead_further_in_is_no_sample() {
+    let recording = Recording::default();
+    let outer = HttpConcurrencyLayer::new(
+        Config::new(4, Duration::from_secs(30)).adaptive(Adaptive::new(recording.clone())),
+    );
+    let inner = HttpConcurrencyLayer::new(Config::new(4, Duration::from_secs(30))).max_body(10);
+    let mut service = ServiceBuilder::new()
+        .layer(outer)
+        .layer(inner)
+        .service(service_fn(|_: Request<_>| async {
+            Ok::<_, BoxError>(Response::new(Full::new(Bytes::new())))
+        }));
+    let request = Request::post("/")
+        .header(http::header::CONTENT_LENGTH, "100")
+        .body(Full::new(Bytes::from(vec![0; 100])))
+        .unwrap();
+    let response = service.ready().await.unwrap().call(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    drop(response);
+    assert!(recording.0.lock().unwrap().is_empty());
 }
 
 #[tokio::test]

@@ -64,6 +64,12 @@ impl Gradient2 {
 impl Algorithm for Gradient2 {
     fn update(&mut self, sample: &Sample, limit: usize) -> usize {
         let estimate = *self.estimate.insert(in_force(self.estimate, limit));
+        if sample.dropped {
+            // It does not read drops, nor take their latency for a sample:
+            // a dependency that refuses at once would pull the average down
+            // and make every later call look fast.
+            return estimate as usize;
+        }
         let short = sample.latency.as_secs_f64().max(1e-9);
         let long = self.long.add(short);
         if long / short > 2.0 {

@@ -57,6 +57,14 @@ impl Default for Vegas {
 }
 
 impl Vegas {
+    /// Moves the estimate a `smoothing` share of the way to `next` (at
+    /// least 1); the limit it gives.
+    fn smoothed(&mut self, estimate: f64, next: f64) -> usize {
+        let next = (1.0 - self.smoothing) * estimate + self.smoothing * next.max(1.0);
+        self.estimate = Some(next);
+        next as usize
+    }
+
     /// How much of each step is taken, in `(0, 1]` (1 unless set; a value
     /// outside it, or NaN, leaves 1).
     pub fn smoothing(mut self, smoothing: f64) -> Self {
@@ -81,6 +89,13 @@ impl Vegas {
 impl Algorithm for Vegas {
     fn update(&mut self, sample: &Sample, limit: usize) -> usize {
         let estimate = *self.estimate.insert(in_force(self.estimate, limit));
+        let log = log10_at_least_one(estimate);
+        if sample.dropped {
+            // A drop shrinks the limit, and its latency is no sample: a
+            // dependency that refuses at once would set the least latency
+            // every later call is measured against.
+            return self.smoothed(estimate, estimate - log);
+        }
         self.samples_since_probe += 1;
         let jitter = match self.probe_jitter {
             Some(jitter) => jitter,
@@ -102,10 +117,7 @@ impl Algorithm for Vegas {
                 return estimate as usize;
             }
         };
-        let log = log10_at_least_one(estimate);
-        let next = if sample.dropped {
-            estimate - log
-        } else if (sample.in_flight as f64) * 2.0 < estimate {
+        let next = if (sample.in_flight as f64) * 2.0 < estimate {
             return estimate as usize;
         } else {
             let ratio = least.as_secs_f64() / sample.latency.as_secs_f64().max(f64::MIN_POSITIVE);
@@ -120,10 +132,7 @@ impl Algorithm for Vegas {
                 return estimate as usize;
             }
         };
-        let next = next.max(1.0);
-        let next = (1.0 - self.smoothing) * estimate + self.smoothing * next;
-        self.estimate = Some(next);
-        next as usize
+        self.smoothed(estimate, next)
     }
 
     fn baseline(&self) -> Option<Duration> {

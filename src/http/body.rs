@@ -56,16 +56,22 @@ impl InFlight {
 
 /// What a response says of the dependency: 503, 429 and the other 5xx are
 /// drops, anything else was served; a bulkhead's own refusal (a layer
-/// further in) says nothing, nor does a 408: a request that did not arrive
-/// in time (a slow upload cut by a body timeout), whose latency is the
-/// client's.
+/// further in) says nothing, nor do 400, 408 and 413: what a server
+/// answers a request whose body did not come as it should (cut by a body
+/// timeout, over a length limit, malformed), or a bulkhead further in
+/// answers a `Content-Length` it refuses, whose latency is the client's or
+/// none.
 pub(crate) fn outcome_of<B>(response: &http::Response<B>) -> Outcome {
     let status = response.status();
-    if status == http::StatusCode::REQUEST_TIMEOUT
-        || response
-            .extensions()
-            .get::<super::response::Shed>()
-            .is_some()
+    if matches!(
+        status,
+        http::StatusCode::BAD_REQUEST
+            | http::StatusCode::REQUEST_TIMEOUT
+            | http::StatusCode::PAYLOAD_TOO_LARGE
+    ) || response
+        .extensions()
+        .get::<super::response::Shed>()
+        .is_some()
     {
         Outcome::Ignore
     } else if status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS {
