@@ -8,7 +8,7 @@
 //! ```
 
 use super::Readiness;
-use crate::bulkhead::{Bulkhead, Granted, ManualClock};
+use crate::bulkhead::{Bulkhead, Granted, ManualClock, Shared};
 use crate::sync::Ordering;
 use crate::wait::{Arrival, Left};
 use crate::{Config, Ticket};
@@ -29,14 +29,7 @@ fn ready_service_holding_the_slot() -> (Bulkhead, Readiness) {
         .slots()
         .try_claim(1, Ordering::Relaxed)
         .expect("the only slot is free");
-    let Arrival::Parked(node) = shared.waiters().arrive(
-        shared.slots(),
-        shared.clock(),
-        None,
-        &shared.config().queue_order,
-        Ticket::new(),
-        None,
-    ) else {
+    let Arrival::Parked(node) = arrive(&shared) else {
         panic!("the only slot is held: the service waits");
     };
     shared.release_permit(&held);
@@ -50,6 +43,18 @@ fn ready_service_holding_the_slot() -> (Bulkhead, Readiness) {
     (bulkhead, Readiness::Admitted(Granted::new(shared, claim)))
 }
 
+/// A caller of `shared` comes to the line, as a waiting caller does.
+fn arrive(shared: &Shared) -> Arrival {
+    shared.waiters().arrive(
+        shared.slots(),
+        shared.clock(),
+        None,
+        &shared.config().queue_order,
+        Ticket::new(),
+        None,
+    )
+}
+
 /// A service made ready with a slot is dropped before its call, while
 /// another caller comes to the line: the caller is admitted, or parks and
 /// is handed the slot; never parked beside it. The model fails if a slot
@@ -60,14 +65,7 @@ fn loom_a_ready_service_dropped_before_its_call_hands_its_slot_on() {
         let (bulkhead, readiness) = ready_service_holding_the_slot();
         let dropped = thread::spawn(move || drop(readiness));
         let shared = bulkhead.shared();
-        let arrival = shared.waiters().arrive(
-            shared.slots(),
-            shared.clock(),
-            None,
-            &shared.config().queue_order,
-            Ticket::new(),
-            None,
-        );
+        let arrival = arrive(shared);
         dropped.join().unwrap();
         let got_the_slot = match &arrival {
             Arrival::Admitted(_) => true,
@@ -91,14 +89,7 @@ fn loom_a_ready_service_calls_on_the_slot_it_was_handed() {
             thread::spawn(move || readiness.call(&bulkhead, 0, Ok, Err))
         };
         let shared = bulkhead.shared();
-        let arrival = shared.waiters().arrive(
-            shared.slots(),
-            shared.clock(),
-            None,
-            &shared.config().queue_order,
-            Ticket::new(),
-            None,
-        );
+        let arrival = arrive(shared);
         let permit = caller
             .join()
             .unwrap()
