@@ -674,6 +674,29 @@ fn a_permit_dropped_is_a_success_and_one_recorded_is_sampled_once() {
     );
 }
 
+/// A call longer than its start can tell (kept in 32 bits of
+/// microseconds: 71 min 35 s) is no sample: its latency would wrap to a
+/// few milliseconds, and be taken for the fastest call yet.
+#[test]
+fn a_call_of_over_an_hour_is_no_sample() {
+    let scripted = Scripted::new(10);
+    let clock = ManualClock::new();
+    let bulkhead = Bulkhead::new(
+        Config::new(10, Duration::from_secs(3 * 3_600))
+            .clock(clock.clone())
+            .adaptive(Adaptive::new(scripted.clone()).initial(10)),
+    );
+    let long = bulkhead.try_acquire().unwrap();
+    clock.advance(Duration::from_micros(1 << 32) + 5 * MS);
+    drop(long);
+    assert!(scripted.samples().is_empty(), "{:?}", scripted.samples());
+    let short = bulkhead.try_acquire().unwrap();
+    clock.advance(5 * MS);
+    drop(short);
+    assert_eq!(scripted.samples().len(), 1);
+    assert_eq!(scripted.samples()[0].latency, 5 * MS);
+}
+
 /// Many threads claim and release while the limit shrinks from 64 to 4:
 /// once the calls in flight are under 4, never more than 4 hold a slot.
 #[test]

@@ -45,13 +45,13 @@ impl PendingSample {
     /// The permit was dropped with no outcome recorded, having `released`
     /// its slot: if a reclaim had freed it, its hold is no latency.
     #[cold]
-    fn dropped_unrecorded(self, shared: &Shared, released: bool) {
+    fn dropped_unrecorded(self, shared: &Shared, claim: &Claim, released: bool) {
         let outcome = if !released || std::thread::panicking() {
             Outcome::Ignore
         } else {
             self.0.on_drop()
         };
-        shared.record_outcome(self.0, outcome);
+        shared.record_outcome(self.0, claim, outcome);
     }
 }
 
@@ -86,7 +86,7 @@ impl<'a> BorrowedPermit<'a> {
     /// As [`Permit::record`].
     pub fn record(&mut self, outcome: Outcome) {
         if let Some(pending) = self.sample.take() {
-            self.shared.record_outcome(pending.0, outcome);
+            self.shared.record_outcome(pending.0, &self.claim, outcome);
         }
     }
 
@@ -103,7 +103,7 @@ impl Drop for BorrowedPermit<'_> {
         let released = self.shared.release_permit(&self.claim);
         // Read, not taken: the permit is gone after this.
         if let Some(pending) = self.sample {
-            pending.dropped_unrecorded(self.shared, released);
+            pending.dropped_unrecorded(self.shared, &self.claim, released);
         }
     }
 }
@@ -176,7 +176,7 @@ impl Permit {
     /// ```
     pub fn record(&mut self, outcome: Outcome) {
         if let Some(pending) = self.sample.take() {
-            self.shared.record_outcome(pending.0, outcome);
+            self.shared.record_outcome(pending.0, &self.claim, outcome);
         }
     }
 
@@ -398,7 +398,7 @@ impl Drop for Permit {
         let released = self.shared.let_go(&self.claim, self.share);
         // Read, not taken: the permit is gone after this.
         if let Some(pending) = self.sample {
-            pending.dropped_unrecorded(&self.shared, released);
+            pending.dropped_unrecorded(&self.shared, &self.claim, released);
         }
     }
 }

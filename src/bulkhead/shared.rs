@@ -17,6 +17,11 @@ use std::time::Duration;
 
 /// Whether a bulkhead's status keeps a day's history of minutes for its
 /// windows (about 150 bytes a minute).
+/// The longest call whose latency is a sample: its start is kept in 32
+/// bits of microseconds (about 71 minutes), with some room for the coarse
+/// clock's ticks.
+const MAX_SAMPLED: Duration = Duration::from_secs(4_000);
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum History {
     Kept,
@@ -633,12 +638,21 @@ impl Shared {
         self.adaptive.as_deref()
     }
 
-    /// A call that started at `started` ended with `outcome`: a sample for
-    /// the adaptive limit, unless it is to be ignored.
-    pub(crate) fn record_outcome(&self, started: Started, outcome: Outcome) {
+    /// A call that started at `started`, on `claim`, ended with `outcome`:
+    /// a sample for the adaptive limit, unless it is to be ignored, or ran
+    /// too long for its start, kept in 32 bits of microseconds (71 min), to
+    /// tell its latency.
+    pub(crate) fn record_outcome(&self, started: Started, claim: &Claim, outcome: Outcome) {
         let (Some(adaptive), false) = (&self.adaptive, outcome == Outcome::Ignore) else {
             return;
         };
+        let held = self
+            .clock
+            .now()
+            .saturating_sub(self.slots.claimed_at(claim));
+        if self.clock.duration(held) >= MAX_SAMPLED {
+            return;
+        }
         let now = self.clock.precise_elapsed();
         let micros = (now.as_micros() as u32).wrapping_sub(started.at_micros);
         let sample = Sample::new(
