@@ -5,7 +5,7 @@ use crate::adaptive::Outcome;
 use crate::bulkhead::{Shared, Started};
 use crate::ceiling::HeldLease;
 use crate::error::{ServiceSaturated, ShedReason};
-use crate::slots::{Claim, Share};
+use crate::slots::Claim;
 use crate::sync::Arc;
 use std::fmt;
 
@@ -22,7 +22,8 @@ use std::fmt;
 pub struct Permit {
     shared: Arc<Shared>,
     claim: Claim,
-    share: Share,
+    /// Its share of the byte budget, in bytes, recorded on its slot.
+    share: u64,
     /// For an adaptive limit: when the call started, and what its drop
     /// says if [`record`](Self::record) was not called. `None` without an
     /// adaptive limit, or once recorded.
@@ -74,7 +75,7 @@ impl<'a> BorrowedPermit<'a> {
         // Counted before the permit is built: built first, it had to be kept
         // in memory across the call, which cost the fast path 8 ns. A hook
         // that panics here gives the slot back itself (see `admitted`).
-        shared.admitted(&claim, Share::NONE);
+        shared.admitted(&claim, 0);
         let sample = shared.start_sample().map(PendingSample);
         Self {
             shared,
@@ -126,13 +127,14 @@ impl fmt::Debug for BorrowedPermit<'_> {
 #[must_use = "the bytes are returned as soon as the reservation is dropped"]
 pub struct ByteReservation {
     shared: Arc<Shared>,
-    share: Share,
+    /// Its share of the byte budget, in bytes, on no slot.
+    share: u64,
 }
 
 impl Permit {
     #[inline(always)]
     pub(crate) fn new(shared: Arc<Shared>, claim: Claim) -> Self {
-        Self::with_share(shared, claim, Share::NONE)
+        Self::with_share(shared, claim, 0)
     }
 
     /// The tick at which the slot was taken, on its bulkhead's clock.
@@ -143,7 +145,7 @@ impl Permit {
     /// A permit for `claim` and the bytes of `share`, recorded on its slot
     /// already.
     #[inline(always)]
-    pub(crate) fn with_share(shared: Arc<Shared>, claim: Claim, share: Share) -> Self {
+    pub(crate) fn with_share(shared: Arc<Shared>, claim: Claim, share: u64) -> Self {
         // Counted before the permit is built, as for `BorrowedPermit::new`.
         shared.admitted(&claim, share);
         let sample = shared.start_sample().map(PendingSample);
@@ -220,17 +222,12 @@ impl Permit {
 
     /// Takes the permit's bytes off its slot's record; 0 if a reclaim or a
     /// reset has given them back already.
-    fn take_bytes(&mut self) -> Share {
+    fn take_bytes(&mut self) -> u64 {
         let share = std::mem::take(&mut self.share);
-        if share.bytes() != 0
-            && self
-                .shared
-                .slots()
-                .unrecord_bytes(&self.claim, share.bytes())
-        {
+        if share != 0 && self.shared.slots().unrecord_bytes(&self.claim, share) {
             share
         } else {
-            Share::NONE
+            0
         }
     }
 
@@ -251,7 +248,7 @@ impl Permit {
     /// The bytes of the budget this permit holds (0 if none were reserved, or
     /// they were split off).
     pub fn bytes(&self) -> u64 {
-        self.share.bytes()
+        self.share
     }
 
     /// Moves the permit's bytes into a reservation of their own, which
@@ -388,7 +385,7 @@ impl fmt::Debug for Granted {
 impl ByteReservation {
     /// How many bytes this reservation holds.
     pub fn bytes(&self) -> u64 {
-        self.share.bytes()
+        self.share
     }
 }
 
@@ -413,7 +410,7 @@ impl fmt::Debug for Permit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Permit")
             .field("slot", &self.claim.index())
-            .field("bytes", &self.share.bytes())
+            .field("bytes", &self.share)
             .field("bulkhead", &self.shared.config().name.as_deref())
             .finish()
     }
@@ -422,7 +419,7 @@ impl fmt::Debug for Permit {
 impl fmt::Debug for ByteReservation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ByteReservation")
-            .field("bytes", &self.share.bytes())
+            .field("bytes", &self.share)
             .field("bulkhead", &self.shared.config().name.as_deref())
             .finish()
     }

@@ -10,7 +10,7 @@ use crate::ceiling::HeldLease;
 use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
 use crate::observe::{Observer, Rollups, Totals};
-use crate::slots::{Claim, Share, SlotTable};
+use crate::slots::{Claim, SlotTable};
 use crate::sync::{Arc, Ordering};
 use crate::wait::{Codel, SaturationSignal, WaitEnd, Waiters};
 use std::time::Duration;
@@ -294,7 +294,7 @@ impl Shared {
     /// Called for every permit made, just before it is built: `claim` and
     /// the bytes of `share` (recorded on its slot already) are counted in.
     #[inline(always)]
-    pub(crate) fn admitted(&self, claim: &Claim, share: Share) {
+    pub(crate) fn admitted(&self, claim: &Claim, share: u64) {
         self.slots.count_admission();
         if claim.sample() {
             self.observer.rollups.see_in_flight(self.slots.in_flight());
@@ -315,11 +315,11 @@ impl Shared {
     /// the permit's drop would.
     #[cold]
     #[inline(never)]
-    fn admitted_events(&self, claim: &Claim, share: Share) {
+    fn admitted_events(&self, claim: &Claim, share: u64) {
         struct GiveBackOnUnwind<'a> {
             shared: &'a Shared,
             claim: Claim,
-            share: Share,
+            share: u64,
             armed: bool,
         }
         impl Drop for GiveBackOnUnwind<'_> {
@@ -344,8 +344,8 @@ impl Shared {
     /// `share` still recorded on them: a permit's drop, or an event hook
     /// that panicked before the permit was built.
     #[inline(always)]
-    pub(crate) fn let_go(&self, claim: &Claim, share: Share) -> bool {
-        if share.bytes() != 0 {
+    pub(crate) fn let_go(&self, claim: &Claim, share: u64) -> bool {
+        if share != 0 {
             self.give_back_share(claim, share);
         }
         self.release_permit(claim)
@@ -354,17 +354,17 @@ impl Shared {
     /// Takes the bytes of `share` off the slot of `claim` and gives them
     /// back to the budget; nothing if a reclaim or a reset gave them back
     /// already.
-    fn give_back_share(&self, claim: &Claim, share: Share) {
-        if self.slots.unrecord_bytes(claim, share.bytes()) {
+    fn give_back_share(&self, claim: &Claim, share: u64) {
+        if self.slots.unrecord_bytes(claim, share) {
             self.give_back_bytes(share);
         }
     }
 
     /// Gives the bytes of `share`, no longer recorded on any slot, back to
     /// the budget.
-    pub(crate) fn give_back_bytes(&self, share: Share) {
-        if share.bytes() != 0 {
-            self.slots.give_back_bytes(share.bytes());
+    pub(crate) fn give_back_bytes(&self, share: u64) {
+        if share != 0 {
+            self.slots.give_back_bytes(share);
             self.observer.bytes(|| self.slots.bytes_reserved());
         }
     }
@@ -488,7 +488,7 @@ impl Shared {
         }
         shared.observer.bytes(|| shared.slots.bytes_reserved());
         if reserved {
-            Ok(Permit::with_share(shared.clone(), claim, Share::new(bytes)))
+            Ok(Permit::with_share(shared.clone(), claim, bytes))
         } else {
             shared.give_back_unused(&claim);
             Err(shared.saturated(ShedReason::Bytes))

@@ -21,23 +21,6 @@ pub(crate) struct ByteBudget {
     pub(super) records: Box<[AtomicU64]>,
 }
 
-/// A holder's share of the budget: the bytes it reserved.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Share(u64);
-
-impl Share {
-    pub(crate) const NONE: Share = Share(0);
-
-    pub(crate) fn new(bytes: u64) -> Self {
-        Share(bytes)
-    }
-
-    #[inline]
-    pub(crate) fn bytes(self) -> u64 {
-        self.0
-    }
-}
-
 impl ByteBudget {
     /// A budget of `max` bytes for a ledger of `entries`.
     pub(crate) fn new(max: u64, entries: usize) -> Self {

@@ -33,7 +33,7 @@ mod claim;
 mod ledger;
 mod table;
 
-pub(crate) use budget::{ByteBudget, Share, MAX_BYTES};
+pub(crate) use budget::{ByteBudget, MAX_BYTES};
 pub(crate) use claim::Claim;
 pub(crate) use ledger::MAX_DEADLINE;
 pub(crate) use table::{SlotTable, MAX_SLOTS};
