@@ -549,12 +549,6 @@ impl Bulkhead {
         self.shared.try_claim_weighted(1, now)
     }
 
-    /// The tick at which `claim`, of this bulkhead, was taken.
-    #[inline(always)]
-    pub(crate) fn claimed_at(&self, claim: &Claim) -> u64 {
-        self.shared.slots.claimed_at(claim)
-    }
-
     /// `claim`, from [`try_claim`](Self::try_claim), counted as admitted.
     #[inline(always)]
     pub(crate) fn admit(self, claim: Claim) -> Permit {
@@ -577,12 +571,6 @@ impl Bulkhead {
     /// any of this bulkhead's: for a refusal decided outside it.
     pub(crate) fn shed_now(&self, reason: ShedReason) -> ServiceSaturated {
         self.shared.saturated_at(reason, self.shared.clock.now())
-    }
-
-    /// Whether every slot taken at or before `tick` (on this bulkhead's
-    /// clock) would be reclaimed by a claim now: its deadline has come.
-    pub(crate) fn reclaimable_since(&self, tick: u64) -> bool {
-        self.shared.clock.now() >= tick.saturating_add(self.shared.slots.hold())
     }
 
     /// Whether every slot held has passed its deadline (or none is held):

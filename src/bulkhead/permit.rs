@@ -137,11 +137,6 @@ impl Permit {
         Self::with_share(shared, claim, 0)
     }
 
-    /// The tick at which the slot was taken, on its bulkhead's clock.
-    pub(crate) fn claimed_at(&self) -> u64 {
-        self.shared.slots.claimed_at(&self.claim)
-    }
-
     /// A permit for `claim` and the bytes of `share`, recorded on its slot
     /// already.
     #[inline(always)]

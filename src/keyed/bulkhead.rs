@@ -4,7 +4,8 @@
 use crate::bulkhead::{Acquire, Bulkhead, Granted, Permit};
 use crate::config::{Config, ConfigError};
 use crate::error::{ServiceSaturated, ShedReason};
-use crate::keyed::keys::{KeyLine, Keys, LabelOf, LimitOf};
+use crate::keyed::key::{KeyFunctions, KeyLine, KeyMaker};
+use crate::keyed::keys::Keys;
 use crate::keyed::shards::shard_count;
 use crate::keyed::turns::{Turn, Turns};
 use crate::keyed::KeyedStatus;
@@ -35,10 +36,7 @@ use std::time::Duration;
 pub struct KeyedConfig<K> {
     per_key: Config,
     ceiling: Option<Config>,
-    limit_of: Option<LimitOf<K>>,
-    guarantee_of: Option<LimitOf<K>>,
-    weight_of: Option<LimitOf<K>>,
-    label_of: Option<LabelOf<K>>,
+    functions: KeyFunctions<K>,
     max_keys: usize,
 }
 
@@ -52,10 +50,7 @@ impl<K> KeyedConfig<K> {
         Self {
             per_key,
             ceiling: None,
-            limit_of: None,
-            guarantee_of: None,
-            weight_of: None,
-            label_of: None,
+            functions: KeyFunctions::default(),
             max_keys: 1_000,
         }
     }
@@ -90,7 +85,7 @@ impl<K> KeyedConfig<K> {
     /// refusal lanes, up to 3 KiB): keep `max_keys` times the largest limit
     /// in mind.
     pub fn limit_per_key(mut self, limit_of: impl Fn(&K) -> usize + Send + Sync + 'static) -> Self {
-        self.limit_of = Some(std::sync::Arc::new(limit_of));
+        self.functions.limit_of = Some(std::sync::Arc::new(limit_of));
         self
     }
 
@@ -118,7 +113,7 @@ impl<K> KeyedConfig<K> {
         mut self,
         guarantee_of: impl Fn(&K) -> usize + Send + Sync + 'static,
     ) -> Self {
-        self.guarantee_of = Some(std::sync::Arc::new(guarantee_of));
+        self.functions.guarantee_of = Some(std::sync::Arc::new(guarantee_of));
         self
     }
 
@@ -131,7 +126,7 @@ impl<K> KeyedConfig<K> {
         mut self,
         weight_of: impl Fn(&K) -> usize + Send + Sync + 'static,
     ) -> Self {
-        self.weight_of = Some(std::sync::Arc::new(weight_of));
+        self.functions.weight_of = Some(std::sync::Arc::new(weight_of));
         self
     }
 
@@ -159,7 +154,7 @@ impl<K> KeyedConfig<K> {
         mut self,
         label_of: impl Fn(&K) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
-        self.label_of = Some(std::sync::Arc::new(label_of));
+        self.functions.label_of = Some(std::sync::Arc::new(label_of));
         self
     }
 
@@ -276,7 +271,7 @@ impl<K> fmt::Debug for KeyedConfig<K> {
         f.debug_struct("KeyedConfig")
             .field("per_key", &self.per_key)
             .field("ceiling", &self.ceiling)
-            .field("limit_per_key", &self.limit_of.is_some())
+            .field("limit_per_key", &self.functions.limit_of.is_some())
             .field("max_keys", &self.max_keys)
             .finish()
     }
@@ -377,17 +372,16 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         Ok(Self {
             inner: Arc::new(Inner {
                 keys: Keys::new(
-                    config.per_key.clone(),
-                    // A key can never hold more slots than the ceiling has.
-                    // (The configured one: an adaptive ceiling's limit
-                    // in force moves.)
-                    ceiling
-                        .as_ref()
-                        .map(|ceiling| ceiling.shared().config().limit),
-                    config.limit_of,
-                    config.guarantee_of,
-                    config.weight_of,
-                    config.label_of,
+                    KeyMaker::new(
+                        config.per_key.clone(),
+                        // A key can never hold more slots than the ceiling
+                        // has. (The configured one: an adaptive ceiling's
+                        // limit in force moves.)
+                        ceiling
+                            .as_ref()
+                            .map(|ceiling| ceiling.shared().config().limit),
+                        config.functions,
+                    ),
                     config.max_keys,
                     shard_count(config.max_keys),
                 ),
@@ -418,7 +412,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         // too: a call either refuses is not admitted by the other.
         let with_ceiling = self.inner.ceiling.is_some();
         let claimed = self.inner.keys.find(key, |entry| {
-            let claim = entry.claim()?;
+            let claim = entry.bulkhead.try_claim()?;
             let count = with_ceiling.then(|| entry.line.count_with_ceiling());
             Ok((entry.bulkhead.clone(), claim, count))
         });
@@ -464,7 +458,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         // (counted, its event heard) outside it: a hook may look at this
         // keyed bulkhead.
         let found = self.inner.keys.find(key, |entry| {
-            let claim = entry.claim().ok()?;
+            let claim = entry.bulkhead.try_claim().ok()?;
             Some((entry.bulkhead.clone(), claim, entry.line.clone()))
         });
         let (bulkhead, claim, line) = match found {
@@ -763,13 +757,11 @@ pub(crate) struct HeldKey {
 }
 
 impl HeldKey {
-    /// The key's permit, counted as admitted, once its grant is renewed;
-    /// noted as taken (its slot may be a fresh one) before the line's `Arc`,
-    /// which kept the key from eviction, goes.
+    /// The key's permit, counted as admitted, once its grant is renewed
+    /// (its slot may be a fresh one), made before the line's `Arc`, which
+    /// kept the key from eviction, goes.
     fn admit(self) -> Result<Permit, ServiceSaturated> {
-        let permit = self.granted.into_renewed_permit(0)?;
-        self.line.taken_at(permit.claimed_at());
-        Ok(permit)
+        self.granted.into_renewed_permit(0)
     }
 }
 

@@ -8,19 +8,18 @@
 //! comes in) to the first slot of that hash, the slots of one hash chained:
 //! the map never runs a key's own `Hash`, and the eviction sweep walks the
 //! slots in place, going on from where the last search stopped.
+//!
+//! A key's `Hash`, `Eq`, `Clone` or `Drop` that panics is its owner's bug,
+//! held to the standard of `std`'s `HashMap`: that key may be lost, but no
+//! other key, no place among the `max_keys` and no slot.
 
-use crate::bulkhead::{Bulkhead, Clock, History};
-use crate::config::Config;
-use crate::error::ShedReason;
+use crate::bulkhead::Clock;
+use crate::keyed::key::{Entry, KeyMaker};
 use crate::keyed::shards::shard_of;
-use crate::keyed::turns::{weight, KeyTurn};
 use crate::keyed::KeyStatus;
-use crate::slots::{Claim, MAX_SLOTS};
-use crate::sync::{
-    fence, read, write, Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, RwLock,
-};
+use crate::sync::{read, write, AtomicU64, AtomicUsize, Ordering, RwLock};
 use std::collections::hash_map::RandomState;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::time::Duration;
 
@@ -40,157 +39,8 @@ const SHORT_SEARCH: usize = 8;
 /// How long after a full search that found no room the searches are short.
 const SHORT_SEARCHES_FOR: Duration = Duration::from_millis(1);
 
-/// How many labels of keys ever report metrics, at most: a bound on the
-/// series a keyed bulkhead adds, whatever its keys.
-#[cfg(feature = "metrics")]
-const MAX_REPORTED_KEYS: usize = 64;
-
 /// The end of a chain of slots of one hash.
 const NONE: usize = usize::MAX;
-
-// The functions of the configuration are `std`'s `Arc` even under loom,
-// whose `Arc` cannot hold an unsized `dyn Fn`: they are read, never raced.
-
-/// The label a key's metrics carry, if it is one of the keys to report:
-/// from [`KeyedConfig::metrics_per_key`](crate::keyed::KeyedConfig::metrics_per_key).
-pub(crate) type LabelOf<K> = std::sync::Arc<dyn Fn(&K) -> Option<String> + Send + Sync>;
-
-/// A number per key: its own limit, from
-/// [`KeyedConfig::limit_per_key`](crate::keyed::KeyedConfig::limit_per_key),
-/// its guaranteed share of the ceiling, from
-/// [`KeyedConfig::guarantee_per_key`](crate::keyed::KeyedConfig::guarantee_per_key),
-/// or its weight, from
-/// [`KeyedConfig::weight_per_key`](crate::keyed::KeyedConfig::weight_per_key).
-pub(crate) type LimitOf<K> = std::sync::Arc<dyn Fn(&K) -> usize + Send + Sync>;
-
-/// One key's bulkhead, in its shard. A caller taking a slot of it from the
-/// map holds the shard's read lock; one that waits for a slot holds an
-/// `Arc` of its line; a permit shares its bulkhead. What every call touches
-/// is here, beside the key, rather than behind a pointer.
-pub(crate) struct Entry {
-    pub(crate) bulkhead: Bulkhead,
-    /// Used since a sweep last found it idle: it is passed over once more
-    /// (a second chance, which makes the sweep evict the least recently
-    /// used keys first, roughly).
-    used: AtomicBool,
-    /// When its latest slot was taken by a caller that did not wait, on its
-    /// bulkhead's clock.
-    last_taken: AtomicU64,
-    pub(crate) line: Arc<KeyLine>,
-}
-
-/// What a key's callers that wait share: its place in the ceiling's line.
-pub(crate) struct KeyLine {
-    /// How many of the ceiling's slots it is promised.
-    pub(crate) guarantee: usize,
-    /// How many of its callers hold its slot and wait for the ceiling's.
-    pub(crate) waiting_for_ceiling: AtomicUsize,
-    /// How many of its slots are held by permits that hold a slot of the
-    /// ceiling too, each permit counting itself in and out. An `Arc` of its
-    /// own: a leaked permit must not pin the key, as the line's `Arc` does.
-    /// None without a ceiling.
-    held_with_ceiling: Option<Arc<AtomicUsize>>,
-    /// Its place in turn at the ceiling, and its weight there (see
-    /// `turns`).
-    pub(crate) turn: KeyTurn,
-    pub(crate) weight: u64,
-    /// When its latest slot was taken by a caller that waited.
-    last_taken: AtomicU64,
-}
-
-impl Entry {
-    /// Marks the key used: a hint for the sweep, written only when it
-    /// changes, so that a busy key's entry is not written on every call.
-    #[inline(always)]
-    fn mark_used(&self) {
-        // Relaxed: a hint to the order of eviction.
-        if !self.used.load(Ordering::Relaxed) {
-            self.used.store(true, Ordering::Relaxed);
-        }
-    }
-
-    /// A slot of this key's, not yet counted as admitted (see
-    /// [`Bulkhead::try_claim`]), noted as taken by a caller under the
-    /// shard's lock.
-    #[inline(always)]
-    pub(crate) fn claim(&self) -> Result<Claim, ShedReason> {
-        let claim = self.bulkhead.try_claim()?;
-        note_taken(&self.last_taken, self.bulkhead.claimed_at(&claim));
-        Ok(claim)
-    }
-
-    /// Whether nobody holds or is taking a slot of this key, but for permits
-    /// that were leaked. Exact under the shard's write lock (nobody can find
-    /// the key then); under its read lock, a hint.
-    fn is_idle(&self) -> bool {
-        // No caller waits for a slot of it (holding its line's `Arc`).
-        if Arc::strong_count(&self.line) > 1 {
-            return false;
-        }
-        // Whatever the last caller to hold the line wrote (when it took its
-        // slot) happens before this: that `Arc`'s drop released it.
-        fence(Ordering::Acquire);
-        // A permit shares it: if its latest slot was taken `reclaim_after`
-        // ago, every slot held is past its deadline, held by a permit that
-        // was leaked (or that outlived its hold), and would be reclaimed by
-        // the next call. Else, if the slots held now are all past their
-        // deadlines (a permit leaked long ago, the key in use since), the
-        // key is as idle: its eviction resets its bulkhead.
-        let last_taken = self
-            .last_taken
-            .load(Ordering::Relaxed)
-            .max(self.line.last_taken.load(Ordering::Relaxed));
-        self.bulkhead.is_unshared()
-            || self.bulkhead.reclaimable_since(last_taken)
-            || self.bulkhead.holds_nothing_unexpired()
-    }
-}
-
-impl KeyLine {
-    /// Notes that a slot of this key's, taken at tick `at`, was taken by a
-    /// caller that holds this line's `Arc`.
-    pub(crate) fn taken_at(&self, at: u64) {
-        note_taken(&self.last_taken, at);
-    }
-
-    /// How many of the ceiling's slots the key of `bulkhead` holds: its
-    /// permits that hold one. Not its slots held less its callers waiting
-    /// for the ceiling's: a caller handed its key's slot, on its way to the
-    /// ceiling's line, would count as holding one. (A hint: a leaked permit
-    /// is counted for good, bounded by the key's slots held less its callers
-    /// in line: once its slot is reclaimed it counts no more, but while
-    /// callers of its key are on their way to the line.)
-    pub(crate) fn ceiling_held(&self, bulkhead: &Bulkhead) -> usize {
-        // Relaxed, both: hints to the order of the ceiling's line.
-        let held = bulkhead
-            .in_flight()
-            .saturating_sub(self.waiting_for_ceiling.load(Ordering::Relaxed));
-        self.held_with_ceiling
-            .as_ref()
-            .map_or(0, |count| count.load(Ordering::Relaxed))
-            .min(held)
-    }
-
-    /// The count a permit holding a slot of the ceiling counts itself in.
-    pub(crate) fn count_with_ceiling(&self) -> Arc<AtomicUsize> {
-        self.held_with_ceiling
-            .clone()
-            .expect("a key of a keyed bulkhead with a ceiling has a count")
-    }
-}
-
-/// Notes in `last_taken` the tick `at` which a slot was taken, by a caller
-/// that holds the shard's read lock or the key line's `Arc`, so that no
-/// sweep looks at the key before it is noted.
-#[inline(always)]
-fn note_taken(last_taken: &AtomicU64, at: u64) {
-    // Relaxed: read by the sweep under the shard's write lock, after the
-    // lock or the `Arc` is given up. Written only when the tick moves (at
-    // most 1,024 times a second), and never backwards.
-    if last_taken.load(Ordering::Relaxed) < at {
-        last_taken.fetch_max(at, Ordering::Relaxed);
-    }
-}
 
 /// A key in its shard.
 struct Slot<K> {
@@ -311,25 +161,10 @@ pub(crate) struct Keys<K> {
     held: AtomicUsize,
     max_keys: usize,
     evicted: AtomicU64,
-    /// Every key's configuration but for its limit (and a reported key's
-    /// name): one for all of them.
-    template: std::sync::Arc<Config>,
-    /// The most slots a key may have: the ceiling's limit (a key can never
-    /// use more), or the most any bulkhead has.
-    max_limit: usize,
-    /// Whether there is a ceiling, whose slots the keys' permits count.
-    with_ceiling: bool,
-    limit_of: Option<LimitOf<K>>,
-    guarantee_of: Option<LimitOf<K>>,
-    weight_of: Option<LimitOf<K>>,
-    /// Without feature `metrics`, nothing reports.
-    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-    label_of: Option<LabelOf<K>>,
-    /// The labels of the keys that reported metrics so far.
-    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-    reported: Mutex<HashSet<String>>,
-    /// The template's manual clock (in tests), or a precise one, for the
-    /// while the searches are short.
+    /// How each key's bulkhead and line are made.
+    make: KeyMaker<K>,
+    /// The keys' manual clock (in tests), or a precise one, for the while
+    /// the searches are short.
     clock: Clock,
     /// `SHORT_SEARCHES_FOR`, in ticks of `clock`.
     short_searches_for: u64,
@@ -352,27 +187,16 @@ struct Sweep {
 }
 
 impl<K: Hash + Eq + Clone> Keys<K> {
-    /// Keys of `template` (under a ceiling of `ceiling_limit` slots, if there
-    /// is one) spread over `shards` shards, a power of two (see
+    /// Keys made by `make`, at most `max_keys` of them, spread over `shards`
+    /// shards, a power of two (see
     /// [`shard_count`](crate::keyed::shards::shard_count)).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        template: Config,
-        ceiling_limit: Option<usize>,
-        limit_of: Option<LimitOf<K>>,
-        guarantee_of: Option<LimitOf<K>>,
-        weight_of: Option<LimitOf<K>>,
-        label_of: Option<LabelOf<K>>,
-        max_keys: usize,
-        shards: usize,
-    ) -> Self {
+    pub(crate) fn new(make: KeyMaker<K>, max_keys: usize, shards: usize) -> Self {
         debug_assert!(shards.is_power_of_two());
         // Not the coarse system clock: it moves once a scheduler tick (up to
         // 10 ms), longer than the while it would time. Read only as a search
         // for room begins or finds none.
-        let clock = template
-            .clock
-            .clone()
+        let clock = make
+            .manual_clock()
             .map_or_else(Clock::precise, Clock::Manual);
         Self {
             shards: (0..shards)
@@ -389,14 +213,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             held: AtomicUsize::new(0),
             max_keys,
             evicted: AtomicU64::new(0),
-            template: std::sync::Arc::new(template),
-            max_limit: ceiling_limit.unwrap_or(MAX_SLOTS).clamp(1, MAX_SLOTS),
-            with_ceiling: ceiling_limit.is_some(),
-            limit_of,
-            guarantee_of,
-            weight_of,
-            label_of,
-            reported: Mutex::default(),
+            make,
             short_searches_for: clock.ticks(SHORT_SEARCHES_FOR),
             clock,
             sweep: Sweep::default(),
@@ -488,7 +305,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             // Made outside the lock: a key with a large limit takes a while
             // to build, and the limit functions may look at this keyed
             // bulkhead. If they panic, the maker gives its place back.
-            let (entry, copy) = (self.make_entry(key), key.clone());
+            let (entry, copy) = (self.make.entry(key), key.clone());
             let mut map = write(shard);
             if let Some(entry) = map.find(hash, key) {
                 // Made meanwhile, on the place held for its hash: ours goes.
@@ -531,7 +348,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             let mut map = write(&self.shards[at].map);
             // Still there, and idle now that nobody can find it: a caller
             // that found it under the read lock has taken its slot, or its
-            // line's `Arc`, and noted it.
+            // line's `Arc`.
             if map
                 .slots
                 .get(slot)
@@ -651,84 +468,16 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             .is_ok()
     }
 
-    fn make_entry(&self, key: &K) -> Entry {
-        Entry {
-            bulkhead: self.bulkhead_for(key),
-            // Used: a key just made has its first call coming.
-            used: AtomicBool::new(true),
-            last_taken: AtomicU64::new(0),
-            line: Arc::new(KeyLine {
-                guarantee: self.guarantee_of.as_ref().map_or(0, |of| of(key)),
-                waiting_for_ceiling: AtomicUsize::new(0),
-                held_with_ceiling: self.with_ceiling.then(|| Arc::new(AtomicUsize::new(0))),
-                turn: KeyTurn::default(),
-                weight: weight(self.weight_of.as_ref().map_or(1, |of| of(key))),
-                last_taken: AtomicU64::new(0),
-            }),
-        }
-    }
-
-    /// A bulkhead for `key`: the template, with the key's own limit if a
-    /// function gives one (held to 1 ..= `max_limit`; an adaptive limit's
-    /// bounds are kept within it). The template was validated when the
-    /// keyed bulkhead was built, and a limit in that range keeps it valid.
-    fn bulkhead_for(&self, key: &K) -> Bulkhead {
-        let limit = match &self.limit_of {
-            Some(limit_of) => limit_of(key),
-            None => self.template.limit,
-        }
-        .clamp(1, self.max_limit);
-        // No series per key unless the key is one to report: their number
-        // is unbounded. (The ceiling, a plain bulkhead, reports as any does;
-        // per-key figures are in the keyed bulkhead's status.)
-        #[cfg(feature = "metrics")]
-        if let Some(label) = self.label_to_report(key) {
-            let mut config = Config::clone(&self.template);
-            config.name = Some(match &config.name {
-                Some(name) => format!("{name}/{label}").into(),
-                None => label.into(),
-            });
-            return self.make(std::sync::Arc::new(config), limit);
-        }
-        #[cfg(feature = "metrics")]
-        return metrics::with_local_recorder(&metrics::NoopRecorder, || {
-            self.make(self.template.clone(), limit)
-        });
-        #[cfg(not(feature = "metrics"))]
-        self.make(self.template.clone(), limit)
-    }
-
-    /// A key's bulkhead, keeping no history of minutes: a key reports its
-    /// totals alone, and the history would grow each busy key by about
-    /// 270 KiB a day.
-    fn make(&self, config: std::sync::Arc<Config>, limit: usize) -> Bulkhead {
-        Bulkhead::try_new_keeping(config, limit, History::None)
-            .expect("the template was validated when the keyed bulkhead was built")
-    }
-
-    /// `key`'s label, if the configuration names it one to report and no
-    /// more than `MAX_REPORTED_KEYS` labels have reported (this one among
-    /// them).
-    #[cfg(feature = "metrics")]
-    fn label_to_report(&self, key: &K) -> Option<String> {
-        let label = self.label_of.as_ref()?(key)?;
-        let mut reported = crate::sync::lock(&self.reported);
-        if !reported.contains(&label) && reported.len() >= MAX_REPORTED_KEYS {
-            return None;
-        }
-        reported.insert(label.clone());
-        Some(label)
+    /// Keys of `template` alone, with no function per key.
+    #[cfg(test)]
+    pub(crate) fn plain(template: crate::Config, max_keys: usize, shards: usize) -> Self {
+        let make = KeyMaker::new(template, None, crate::keyed::key::KeyFunctions::default());
+        Self::new(make, max_keys, shards)
     }
 
     pub(crate) fn len(&self) -> usize {
         // Relaxed: a count.
         self.held.load(Ordering::Relaxed)
-    }
-
-    /// Keys of `template` alone, with no function per key.
-    #[cfg(test)]
-    pub(crate) fn plain(template: Config, max_keys: usize, shards: usize) -> Self {
-        Self::new(template, None, None, None, None, None, max_keys, shards)
     }
 
     /// The places taken: keys held, being made, or about to be.
@@ -858,6 +607,7 @@ impl<K> Drop for Maker<'_, K> {
 mod tests {
     use super::*;
     use crate::bulkhead::Permit;
+    use crate::Config;
     use std::time::Duration;
 
     /// Keys of one slot each, `max_keys` of them over `shards` shards.
@@ -876,7 +626,7 @@ mod tests {
     /// `key`'s slot, held; `None` if the key was refused.
     fn hold(keys: &Keys<u64>, key: u64) -> Option<Permit> {
         keys.find(&key, |entry| {
-            let claim = entry.claim().expect("the key's slot is free");
+            let claim = entry.bulkhead.try_claim().expect("the key's slot is free");
             entry.bulkhead.clone().admit(claim)
         })
     }
@@ -942,7 +692,7 @@ mod tests {
         };
         let keys = keys(1, 1);
         for key in 0..8u64 {
-            map.push(key % 2, key, keys.make_entry(&key));
+            map.push(key % 2, key, keys.make.entry(&key));
         }
         for at in [0, 3, 5, 0] {
             map.remove(at);

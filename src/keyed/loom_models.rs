@@ -1,7 +1,7 @@
 //! Loom models of the keys' eviction: every interleaving of a caller taking
 //! a key's slot and a new key looking for room, with a manual clock standing
-//! past `reclaim_after` so that a key whose latest slot is not noted would
-//! look reclaimable. Run with the crate's other models:
+//! past `reclaim_after` so that a key whose slots were dated at its start
+//! would look reclaimable. Run with the crate's other models:
 //!
 //! ```text
 //! RUSTFLAGS="--cfg tower_inflight_loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --lib loom
@@ -23,12 +23,12 @@ fn per_key(clock: &ManualClock) -> Config {
 }
 
 /// A caller that waits takes its key's slot holding only the line's `Arc`
-/// (not the map's lock), notes when, and lets the `Arc` go while it keeps
-/// the slot. A new key looking for room meanwhile must see the key as
-/// held: either the `Arc` is still out, or the note of the slot taken
-/// (which the `Arc`'s drop publishes) says it is not reclaimable. The
-/// model fails if the slot taken is not noted. (It cannot check the
-/// `Acquire` fence beside the count: loom's `Arc::strong_count`
+/// (not the map's lock), and lets the `Arc` go while it keeps the slot. A
+/// new key looking for room meanwhile must see the key as held: either the
+/// `Arc` is still out, or its permit shares the key's bulkhead with a slot
+/// not past its deadline (which the `Arc`'s drop publishes). The model
+/// fails if a key whose bulkhead is shared is taken as idle. (It cannot
+/// check the `Acquire` fence beside the count: loom's `Arc::strong_count`
 /// synchronizes by itself, where `std`'s is a relaxed load.)
 #[test]
 fn loom_a_slot_taken_by_a_waiting_caller_keeps_its_key() {
@@ -43,14 +43,12 @@ fn loom_a_slot_taken_by_a_waiting_caller_keeps_its_key() {
             .expect("room for the first key");
         let waiter = thread::spawn(move || {
             // As a caller granted the key's slot after waiting for it: the
-            // grant made a permit, noted, and kept after the line's `Arc`
-            // goes.
+            // grant made a permit, kept after the line's `Arc` goes.
             let claim = bulkhead.try_claim().expect("the key's slot is free");
             let permit = bulkhead
                 .grant(claim)
                 .into_permit(0)
                 .expect("the grant holds its slot");
-            line.taken_at(permit.claimed_at());
             drop((line, bulkhead));
             permit
         });
@@ -103,7 +101,7 @@ fn hold(keys: &Arc<Keys<u32>>, key: u32) -> thread::JoinHandle<Option<crate::bul
     let keys = keys.clone();
     thread::spawn(move || {
         keys.find(&key, |entry| {
-            let claim = entry.claim().expect("one caller a key");
+            let claim = entry.bulkhead.try_claim().expect("one caller a key");
             entry.bulkhead.clone().admit(claim)
         })
     })

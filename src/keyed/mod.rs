@@ -65,6 +65,7 @@
 mod bulkhead;
 #[cfg(feature = "http")]
 mod http;
+mod key;
 mod keys;
 mod layer;
 #[cfg(all(test, tower_inflight_loom))]

@@ -261,12 +261,6 @@ impl SlotTable {
         self.admitted.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// How long a claim holds its slots before they may be reclaimed, in
-    /// ticks.
-    pub(crate) fn hold(&self) -> u64 {
-        self.hold
-    }
-
     /// Admissions, ever.
     pub(crate) fn claims(&self) -> u64 {
         self.admitted.load(Ordering::Relaxed)
