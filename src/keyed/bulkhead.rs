@@ -514,7 +514,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             Some(held) => held,
             None => {
                 // The line's `Arc` keeps the key from eviction until its
-                // slot is taken and noted.
+                // slot is taken.
                 let (bulkhead, line) = self
                     .inner
                     .keys

@@ -35,8 +35,8 @@ fn loom_a_slot_taken_by_a_waiting_caller_keeps_its_key() {
     loom::model(|| {
         let clock = ManualClock::new();
         let keys = Arc::new(Keys::<u32>::plain(per_key(&clock), 1, 1));
-        // Past `reclaim_after` since the clock began: a key noted at tick 0
-        // looks reclaimable.
+        // Past `reclaim_after` since the clock began: a slot dated at tick 0
+        // would look reclaimable.
         clock.advance(Duration::from_secs(1));
         let (bulkhead, line) = keys
             .find(&1, |entry| (entry.bulkhead.clone(), entry.line.clone()))
