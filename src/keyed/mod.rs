@@ -28,7 +28,11 @@
 //!   and the short searches still go round every key, so an idle key is
 //!   found by a later one. A search looks under the maps' read locks, and
 //!   takes a write lock only to evict the idle key it found: a flood of new
-//!   keys while every key is busy holds up no call of an existing key.
+//!   keys while every key is busy holds up no call of an existing key. So
+//!   two first calls of one new key that look for room at the same instant
+//!   may each evict an idle key for it; the second gives its place back, and
+//!   the counts stay exact. (A first call that comes while the key is being
+//!   made takes no place.)
 //! - **Calls of different keys on different cores rarely meet**: the keys
 //!   are spread over several maps, each behind its own lock (up to one map
 //!   for every 64 keys of `max_keys`, and up to four for each core).

@@ -27,6 +27,13 @@ use tower_service::Service;
 /// is dropped, which hands it to the next in line. The inner service is
 /// polled first, so no slot is held while it is not ready.
 ///
+/// So a service that found room in `poll_ready` was promised nothing: if
+/// another caller takes the last slot before its `call`, the call is shed at
+/// once, without waiting, even with a `wait` budget. That is the price of an
+/// idle clone pinning nothing; callers that poll and call back to back (a
+/// `Buffer`'s worker, hyper, axum, `ServiceExt::oneshot`) leave the window a
+/// few instructions wide.
+///
 /// With a ceiling ([`Config::ceiling`](crate::Config::ceiling), or
 /// `Config::cluster_ceiling` on Redis), a lease may be a round trip, which
 /// `call` cannot wait for: `poll_ready` takes the slot and the lease, and
