@@ -63,9 +63,6 @@ struct Harness {
     keyed: KeyedBulkhead<u8>,
     now: u64,
     taken: Vec<Taken>,
-    /// When each key's slot was last taken (by a call admitted, or one
-    /// that took the key's slot and gave it back for want of the ceiling's).
-    last_taken: [Option<u64>; KEYS as usize],
 }
 
 impl Harness {
@@ -83,7 +80,6 @@ impl Harness {
             keyed,
             now: 0,
             taken: Vec::new(),
-            last_taken: [None; KEYS as usize],
         }
     }
 
@@ -108,12 +104,10 @@ impl Harness {
     }
 
     /// Whether the bulkhead may count `key` as held, and not evict it: a
-    /// slot of it is held, or a permit of it is still out (held past its
-    /// hold, or leaked) and its latest slot was taken within the hold.
+    /// slot of it is held, its deadline not come. A permit still out past
+    /// its deadline (held past its hold, or leaked) pins its key no more.
     fn may_be_held(&self, key: u8) -> bool {
-        let out = self.taken.iter().any(|taken| taken.key == key);
-        let recent = self.last_taken[usize::from(key)].is_some_and(|at| self.live(at));
-        self.live_of(key) > 0 || (out && recent)
+        self.live_of(key) > 0
     }
 
     fn apply(&mut self, op: &Op) -> Result<(), TestCaseError> {
@@ -150,7 +144,6 @@ impl Harness {
             Ok(permit) => {
                 prop_assert!(key_has_room, "key {key} admitted past its limit");
                 prop_assert!(ceiling_has_room, "key {key} admitted past the ceiling");
-                self.last_taken[usize::from(key)] = Some(self.now);
                 self.taken.push(Taken {
                     key,
                     at: self.now,
@@ -163,10 +156,6 @@ impl Harness {
                         !key_has_room || !ceiling_has_room,
                         "key {key} shed beside free slots"
                     );
-                    if key_has_room {
-                        // It took its key's slot, and gave it back.
-                        self.last_taken[usize::from(key)] = Some(self.now);
-                    }
                 }
                 ShedReason::TooManyKeys => {
                     let held = (0..KEYS)

@@ -27,7 +27,8 @@ fn per_key(clock: &ManualClock) -> Config {
 /// new key looking for room meanwhile must see the key as held: either the
 /// `Arc` is still out, or its permit shares the key's bulkhead with a slot
 /// not past its deadline (which the `Arc`'s drop publishes). The model
-/// fails if a key whose bulkhead is shared is taken as idle. (It cannot
+/// fails if a key whose permit holds a slot not past its deadline is taken
+/// as idle. (It cannot
 /// check the `Acquire` fence beside the count: loom's `Arc::strong_count`
 /// synchronizes by itself, where `std`'s is a relaxed load.)
 #[test]
