@@ -429,6 +429,28 @@ fn capacity_keeps_no_saw_tooth_under_steady_load() {
     );
 }
 
+/// Envoy's adaptive concurrency re-measures its least latency by dropping
+/// the limit to a floor, and sheds a burst each time. `Capacity`'s probes
+/// take a quarter off for two windows: offered twice the capacity, past the
+/// start-up the limit never goes below 70 % of where it mostly stands, and
+/// probes do come (so the check is not empty).
+#[test]
+fn capacity_probes_take_a_quarter_off_never_the_limit_to_a_floor() {
+    let mut dependency = Dependency::new(10 * MS, 32);
+    dependency.arrivals = Some(2.0 * 3_200.0);
+    let limits = dependency.run(&mut Capacity::default(), 20, Duration::from_secs(120));
+    let steady = &limits[100..];
+    let mut sorted = steady.to_vec();
+    sorted.sort_unstable();
+    let (least, usual) = (sorted[0], sorted[sorted.len() / 2]);
+    let dips = steady.windows(2).filter(|pair| pair[1] < pair[0]).count();
+    assert!(dips >= 5, "{dips} dips in 110 s: {steady:?}");
+    assert!(
+        least as f64 >= 0.7 * usual as f64,
+        "least {least}, usually {usual}: {steady:?}"
+    );
+}
+
 #[test]
 fn capacity_does_not_drift_down_under_steady_drops_unrelated_to_load() {
     let mut dependency = Dependency::new(10 * MS, 32);
@@ -567,6 +589,67 @@ async fn sheds_waits_and_cancelled_calls_never_feed_the_algorithm() {
     drop(pending);
     assert_eq!(scripted.samples().len(), 1);
     assert_eq!(bulkhead.in_flight(), 0);
+}
+
+/// A caller's wait is no part of its sample (its latency runs from its
+/// admission), and a caller shed once its wait budget ran out is no sample.
+#[tokio::test(start_paused = true)]
+async fn a_wait_is_no_sample_nor_any_part_of_one() {
+    let scripted = Scripted::new(1);
+    let clock = ManualClock::new();
+    let layer = ConcurrencyLayer::new(
+        Config::new(4, Duration::from_secs(30))
+            .wait(Duration::from_secs(1))
+            .clock(clock.clone())
+            .adaptive(Adaptive::new(scripted.clone()).initial(1)),
+    );
+    let bulkhead = layer.bulkhead();
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let released = Arc::new(Mutex::new(Some(released)));
+    let service = ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(move |hold: bool| {
+            let released = released.lock().unwrap().take();
+            async move {
+                if let (true, Some(released)) = (hold, released) {
+                    let _ = released.await;
+                }
+                Ok::<_, BoxError>(())
+            }
+        }));
+    // One call holds the only slot; a caller waits for it while the
+    // bulkhead's clock moves half a second.
+    let holding = tokio::spawn(service.clone().oneshot(true));
+    while bulkhead.in_flight() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let waiting = tokio::spawn(service.clone().oneshot(false));
+    while bulkhead.waiting() == 0 {
+        tokio::task::yield_now().await;
+    }
+    clock.advance(Duration::from_millis(500));
+    release.send(()).unwrap();
+    holding.await.unwrap().unwrap();
+    waiting.await.unwrap().unwrap();
+    let mut latencies: Vec<_> = scripted.samples().iter().map(|s| s.latency).collect();
+    latencies.sort();
+    assert_eq!(latencies.len(), 2, "{latencies:?}");
+    assert!(
+        latencies[0] < Duration::from_millis(500) && latencies[1] >= Duration::from_millis(500),
+        "the waiter's half second of waiting was sampled: {latencies:?}"
+    );
+
+    // A caller that waits out its budget (tokio's paused time moves on to
+    // it) is shed, and is no sample.
+    let mut held = bulkhead.try_acquire().unwrap();
+    let shed = service.clone().oneshot(false).await;
+    assert!(shed.is_err());
+    assert_eq!(
+        scripted.samples().len(),
+        2,
+        "a caller shed after waiting was sampled"
+    );
+    held.record(Outcome::Ignore);
 }
 
 #[tokio::test]

@@ -28,8 +28,9 @@ use tower_service::Service;
 /// polled first, so no slot is held while it is not ready.
 ///
 /// So a service that found room in `poll_ready` was promised nothing: if
-/// another caller takes the last slot before its `call`, the call is shed at
-/// once, without waiting, even with a `wait` budget. That is the price of an
+/// another caller takes the last slot before its `call` (or an adaptive
+/// limit is lowered meanwhile), the call is shed at once, without waiting,
+/// even with a `wait` budget. That is the price of an
 /// idle clone pinning nothing; callers that poll and call back to back (a
 /// `Buffer`'s worker, hyper, axum, `ServiceExt::oneshot`) leave the window a
 /// few instructions wide.
