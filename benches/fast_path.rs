@@ -16,6 +16,9 @@
 //!   the same on a bulkhead configured with a priority order, a wait budget
 //!   and the saturation signal, and beside `try_acquire_weighted(1)`: what
 //!   scheduling costs calls that do not use it, measured in turns too.
+//! * `adaptive`: `try_acquire`, the outcome recorded and the permit dropped,
+//!   on a bulkhead with the default adaptive limit beside a static one, in
+//!   turns: what an adaptive limit costs a call.
 //! * `clock`: `std::time::Instant::now()` against the coarse clock the
 //!   bulkhead reads on every acquire, the reason `coarsetime` is a dependency.
 //!
@@ -142,6 +145,27 @@ fn shed(c: &mut Criterion) {
     group.finish();
 }
 
+fn adaptive(c: &mut Criterion) {
+    use tower_inflight::adaptive::{Adaptive, Outcome};
+    let mut group = c.benchmark_group("adaptive");
+    let fixed = bulkhead();
+    let moving = Bulkhead::new(Config::new(LIMIT, RECLAIM_AFTER).adaptive(Adaptive::default()));
+    let call = |bulkhead: &Bulkhead| {
+        if let Ok(mut permit) = black_box(bulkhead).try_acquire() {
+            permit.record(Outcome::Success);
+        }
+    };
+    let fixed_calls = each(|| call(&fixed));
+    let moving_calls = each(|| call(&moving));
+    let turns: [Turn<'_>; 2] = [&fixed_calls, &moving_calls];
+    for (mine, name) in ["static", "adaptive_default"].into_iter().enumerate() {
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| interleaved(iters, &turns, mine))
+        });
+    }
+    group.finish();
+}
+
 fn clock(c: &mut Criterion) {
     let mut group = c.benchmark_group("clock");
     group.bench_function("std_instant_now", |b| b.iter(std::time::Instant::now));
@@ -158,6 +182,7 @@ fn benches() {
     try_acquire_drop(&mut criterion);
     scheduling_unused(&mut criterion);
     shed(&mut criterion);
+    adaptive(&mut criterion);
     clock(&mut criterion);
 }
 
