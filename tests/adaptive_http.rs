@@ -9,7 +9,7 @@ use http_body_util::{BodyExt, Full};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
-use tower_inflight::adaptive::{Adaptive, Algorithm, Sample};
+use tower_inflight::adaptive::{Adaptive, Algorithm, Outcome, Sample};
 use tower_inflight::http::HttpConcurrencyLayer;
 use tower_inflight::{BoxError, Config, ManualClock};
 
@@ -77,6 +77,47 @@ async fn server_errors_and_429_are_drops_400_408_413_are_nothing_and_other_answe
     .map(|(ms, dropped)| (Duration::from_millis(ms), dropped))
     .collect();
     assert_eq!(seen, expected);
+}
+
+/// A handler that did no work (a cache hit) says so with an `Outcome` in
+/// its response's extensions, and one that knows its dependency was
+/// overloaded says that: the layer takes either over the status's reading.
+#[tokio::test]
+async fn an_outcome_in_the_response_s_extensions_is_taken_over_its_status() {
+    let recording = Recording::default();
+    let layer = HttpConcurrencyLayer::new(
+        Config::new(4, Duration::from_secs(30)).adaptive(Adaptive::new(recording.clone())),
+    );
+    let mut service =
+        ServiceBuilder::new()
+            .layer(layer)
+            .service(service_fn(|request: Request<_>| async move {
+                let mut response = Response::new(Full::new(Bytes::new()));
+                match request.uri().path() {
+                    "/cached" => response.extensions_mut().insert(Outcome::Ignore),
+                    "/overloaded" => response.extensions_mut().insert(Outcome::Dropped),
+                    _ => None,
+                };
+                Ok::<_, BoxError>(response)
+            }));
+    for path in ["/cached", "/overloaded", "/served"] {
+        let request = Request::get(path).body(Full::new(Bytes::new())).unwrap();
+        let response = service.ready().await.unwrap().call(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        response.into_body().collect().await.unwrap();
+    }
+    let dropped: Vec<bool> = recording
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|s| s.dropped)
+        .collect();
+    assert_eq!(
+        dropped,
+        [true, false],
+        "the cache hit was sampled, or the drop was not"
+    );
 }
 
 #[tokio::test]

@@ -3,6 +3,18 @@
 use std::time::Duration;
 
 /// What a finished call says of the dependency.
+///
+/// Behind the HTTP layers, a handler may put one in its response's
+/// extensions, which the layer then takes over its reading of the status:
+///
+/// ```
+/// use tower_inflight::adaptive::Outcome;
+///
+/// // Answered from a cache: it says nothing of the dependency's latency.
+/// let mut response = http::Response::new(String::from("from the cache"));
+/// response.extensions_mut().insert(Outcome::Ignore);
+/// # let _ = response;
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Outcome {
     /// It was served: its latency is a sample.

@@ -54,14 +54,18 @@ impl InFlight {
     }
 }
 
-/// What a response says of the dependency: 503, 429 and the other 5xx are
-/// drops, anything else was served; a bulkhead's own refusal (a layer
-/// further in) says nothing, nor do 400, 408 and 413: what a server
-/// answers a request whose body did not come as it should (cut by a body
-/// timeout, over a length limit, malformed), or a bulkhead further in
-/// answers a `Content-Length` it refuses, whose latency is the client's or
-/// none.
+/// What a response says of the dependency: what the inner service put in
+/// its extensions (an [`Outcome`]: a cache hit that did no work, say), or
+/// else its status: 503, 429 and the other 5xx are drops, anything else was
+/// served; a bulkhead's own refusal (a layer further in) says nothing, nor
+/// do 400, 408 and 413: what a server answers a request whose body did not
+/// come as it should (cut by a body timeout, over a length limit,
+/// malformed), or a bulkhead further in answers a `Content-Length` it
+/// refuses, whose latency is the client's or none.
 pub(crate) fn outcome_of<B>(response: &http::Response<B>) -> Outcome {
+    if let Some(outcome) = response.extensions().get::<Outcome>() {
+        return *outcome;
+    }
     let status = response.status();
     if matches!(
         status,
