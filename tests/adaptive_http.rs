@@ -23,6 +23,15 @@ impl Algorithm for Recording {
     }
 }
 
+/// A layer of four slots whose adaptive limit records every sample.
+fn recording_layer() -> (Recording, HttpConcurrencyLayer) {
+    let recording = Recording::default();
+    let layer = HttpConcurrencyLayer::new(
+        Config::new(4, Duration::from_secs(30)).adaptive(Adaptive::new(recording.clone())),
+    );
+    (recording, layer)
+}
+
 #[tokio::test]
 async fn server_errors_and_429_are_drops_400_408_413_are_nothing_and_other_answers_are_samples() {
     let recording = Recording::default();
@@ -84,10 +93,7 @@ async fn server_errors_and_429_are_drops_400_408_413_are_nothing_and_other_answe
 /// overloaded says that: the layer takes either over the status's reading.
 #[tokio::test]
 async fn an_outcome_in_the_response_s_extensions_is_taken_over_its_status() {
-    let recording = Recording::default();
-    let layer = HttpConcurrencyLayer::new(
-        Config::new(4, Duration::from_secs(30)).adaptive(Adaptive::new(recording.clone())),
-    );
+    let (recording, layer) = recording_layer();
     let mut service =
         ServiceBuilder::new()
             .layer(layer)
@@ -122,10 +128,7 @@ async fn an_outcome_in_the_response_s_extensions_is_taken_over_its_status() {
 
 #[tokio::test]
 async fn a_body_refused_by_a_bulkhead_further_in_is_no_sample() {
-    let recording = Recording::default();
-    let outer = HttpConcurrencyLayer::new(
-        Config::new(4, Duration::from_secs(30)).adaptive(Adaptive::new(recording.clone())),
-    );
+    let (recording, outer) = recording_layer();
     let inner = HttpConcurrencyLayer::new(Config::new(4, Duration::from_secs(30))).max_body(10);
     let mut service = ServiceBuilder::new()
         .layer(outer)
@@ -145,10 +148,7 @@ async fn a_body_refused_by_a_bulkhead_further_in_is_no_sample() {
 
 #[tokio::test]
 async fn a_refusal_by_a_bulkhead_further_in_is_no_sample() {
-    let recording = Recording::default();
-    let outer = HttpConcurrencyLayer::new(
-        Config::new(4, Duration::from_secs(30)).adaptive(Adaptive::new(recording.clone())),
-    );
+    let (recording, outer) = recording_layer();
     let inner = HttpConcurrencyLayer::new(Config::new(1, Duration::from_secs(30)));
     let held = inner.bulkhead().try_acquire().unwrap();
     let mut service = ServiceBuilder::new()
@@ -171,10 +171,7 @@ async fn a_refusal_by_a_bulkhead_further_in_is_no_sample() {
 
 #[tokio::test]
 async fn an_inner_timeout_error_is_a_drop_and_another_error_nothing() {
-    let recording = Recording::default();
-    let layer = HttpConcurrencyLayer::new(
-        Config::new(4, Duration::from_secs(30)).adaptive(Adaptive::new(recording.clone())),
-    );
+    let (recording, layer) = recording_layer();
     let mut service =
         ServiceBuilder::new()
             .layer(layer)
