@@ -642,14 +642,51 @@ async fn a_wait_is_no_sample_nor_any_part_of_one() {
     // A caller that waits out its budget (tokio's paused time moves on to
     // it) is shed, and is no sample.
     let mut held = bulkhead.try_acquire().unwrap();
-    let shed = service.clone().oneshot(false).await;
-    assert!(shed.is_err());
+    let shed = service.clone().oneshot(false).await.unwrap_err();
+    let shed = shed
+        .downcast_ref::<tower_inflight::ServiceSaturated>()
+        .unwrap();
+    assert_eq!(shed.reason(), tower_inflight::ShedReason::WaitExpired);
     assert_eq!(
         scripted.samples().len(),
         2,
         "a caller shed after waiting was sampled"
     );
     held.record(Outcome::Ignore);
+}
+
+/// A service that found room in `poll_ready` holds nothing until its
+/// `call`: an adaptive limit lowered meanwhile sheds the call at once,
+/// without waiting, though a `wait` budget is set.
+#[tokio::test(start_paused = true)]
+async fn a_limit_lowered_between_poll_ready_and_call_sheds_the_call_at_once() {
+    let scripted = Scripted::new(2);
+    let layer = ConcurrencyLayer::new(
+        Config::new(4, Duration::from_secs(30))
+            .wait(Duration::from_secs(10))
+            .adaptive(Adaptive::new(scripted.clone()).initial(2)),
+    );
+    let bulkhead = layer.bulkhead();
+    let mut service = ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(|()| async { Ok::<_, BoxError>(()) }));
+    let held = bulkhead.try_acquire().unwrap();
+    let ready = service.ready().await.unwrap();
+    // A call held elsewhere ends, and its outcome lowers the limit to 1,
+    // which the one still held fills.
+    let mut other = bulkhead.try_acquire().unwrap();
+    drop(held);
+    scripted.next.store(1, Ordering::SeqCst);
+    other.record(Outcome::Success);
+    assert_eq!(bulkhead.limit(), 1);
+    let started = tokio::time::Instant::now();
+    let shed = ready.call(()).await.unwrap_err();
+    let shed = shed
+        .downcast_ref::<tower_inflight::ServiceSaturated>()
+        .unwrap();
+    assert_eq!(shed.reason(), tower_inflight::ShedReason::LimitReached);
+    assert_eq!(started.elapsed(), Duration::ZERO, "the call waited");
+    drop(other);
 }
 
 #[tokio::test]

@@ -102,14 +102,22 @@ async fn an_outcome_in_the_response_s_extensions_is_taken_over_its_status() {
                 match request.uri().path() {
                     "/cached" => response.extensions_mut().insert(Outcome::Ignore),
                     "/overloaded" => response.extensions_mut().insert(Outcome::Dropped),
+                    "/unavailable-from-cache" => {
+                        *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                        response.extensions_mut().insert(Outcome::Ignore)
+                    }
                     _ => None,
                 };
                 Ok::<_, BoxError>(response)
             }));
-    for path in ["/cached", "/overloaded", "/served"] {
+    for path in [
+        "/cached",
+        "/overloaded",
+        "/unavailable-from-cache",
+        "/served",
+    ] {
         let request = Request::get(path).body(Full::new(Bytes::new())).unwrap();
         let response = service.ready().await.unwrap().call(request).await.unwrap();
-        assert_eq!(response.status(), StatusCode::OK);
         response.into_body().collect().await.unwrap();
     }
     let dropped: Vec<bool> = recording
@@ -123,6 +131,64 @@ async fn an_outcome_in_the_response_s_extensions_is_taken_over_its_status() {
         dropped,
         [true, false],
         "the cache hit was sampled, or the drop was not"
+    );
+}
+
+/// A refusal by a bulkhead further in never reached the dependency: it is
+/// no sample to an adaptive layer further out, though its `on_shed`
+/// response says `Outcome::Dropped`. Behind the keyed HTTP layer, a
+/// handler's `Outcome` is taken as behind the plain one.
+#[tokio::test]
+async fn a_refusal_further_in_is_no_sample_whatever_outcome_it_carries() {
+    use tower_inflight::keyed::{KeyedConfig, KeyedHttpConcurrencyLayer};
+    let (recording, outer) = recording_layer();
+    let inner = HttpConcurrencyLayer::new(Config::new(1, Duration::from_secs(30))).on_shed(|_| {
+        let mut response = Response::new(Bytes::from_static(b"overloaded"));
+        *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        response.extensions_mut().insert(Outcome::Dropped);
+        response
+    });
+    let held = inner.bulkhead().try_acquire().unwrap();
+    let mut service = ServiceBuilder::new()
+        .layer(outer)
+        .layer(inner)
+        .service(service_fn(|_: Request<_>| async {
+            Ok::<_, BoxError>(Response::new(Full::new(Bytes::new())))
+        }));
+    let request = Request::get("/").body(Full::new(Bytes::new())).unwrap();
+    let response = service.ready().await.unwrap().call(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    drop(response);
+    assert!(
+        recording.0.lock().unwrap().is_empty(),
+        "a refusal further in was sampled"
+    );
+    drop(held);
+
+    let keyed_recording = Recording::default();
+    let keyed = KeyedHttpConcurrencyLayer::new(
+        KeyedConfig::new(
+            Config::new(4, Duration::from_secs(30))
+                .adaptive(Adaptive::new(keyed_recording.clone())),
+        ),
+        |head: &http::request::Parts| head.uri.path().to_owned(),
+    );
+    let mut service =
+        ServiceBuilder::new()
+            .layer(keyed)
+            .service(service_fn(|_: Request<_>| async {
+                let mut response = Response::new(Full::new(Bytes::new()));
+                response.extensions_mut().insert(Outcome::Ignore);
+                Ok::<_, BoxError>(response)
+            }));
+    let request = Request::get("/cached")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = service.ready().await.unwrap().call(request).await.unwrap();
+    response.into_body().collect().await.unwrap();
+    assert!(
+        keyed_recording.0.lock().unwrap().is_empty(),
+        "a key's cache hit was sampled"
     );
 }
 

@@ -54,16 +54,22 @@ impl InFlight {
     }
 }
 
-/// What a response says of the dependency: what the inner service put in
-/// its extensions (an [`Outcome`]: a cache hit that did no work, say), or
-/// else its status: 503, 429 and the other 5xx are drops, anything else was
-/// served; a bulkhead's own refusal (a layer further in) says nothing, nor
-/// do 400, 408 and 413: what a server answers a request whose body did not
-/// come as it should (cut by a body timeout, over a length limit,
-/// malformed), or a bulkhead further in answers a `Content-Length` it
-/// refuses, whose latency is the client's or none.
+/// What a response says of the dependency. A bulkhead's own refusal (a
+/// layer further in) says nothing, whatever else it carries: it never
+/// reached the dependency. Else what the inner service put in its
+/// extensions (an [`Outcome`]: a cache hit that did no work, say), or else
+/// its status: 503, 429 and the other 5xx are drops, anything else was
+/// served, but for 400, 408 and 413, which say nothing: what a server
+/// answers a request whose body did not come as it should (cut by a body
+/// timeout, over a length limit, malformed), or a bulkhead further in
+/// answers a `Content-Length` it refuses, whose latency is the client's or
+/// none.
 pub(crate) fn outcome_of<B>(response: &http::Response<B>) -> Outcome {
-    if let Some(outcome) = response.extensions().get::<Outcome>() {
+    let extensions = response.extensions();
+    if extensions.get::<super::response::Shed>().is_some() {
+        return Outcome::Ignore;
+    }
+    if let Some(outcome) = extensions.get::<Outcome>() {
         return *outcome;
     }
     let status = response.status();
@@ -72,11 +78,7 @@ pub(crate) fn outcome_of<B>(response: &http::Response<B>) -> Outcome {
         http::StatusCode::BAD_REQUEST
             | http::StatusCode::REQUEST_TIMEOUT
             | http::StatusCode::PAYLOAD_TOO_LARGE
-    ) || response
-        .extensions()
-        .get::<super::response::Shed>()
-        .is_some()
-    {
+    ) {
         Outcome::Ignore
     } else if status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS {
         Outcome::Dropped
