@@ -134,42 +134,15 @@ async fn an_outcome_in_the_response_s_extensions_is_taken_over_its_status() {
     );
 }
 
-/// A refusal by a bulkhead further in never reached the dependency: it is
-/// no sample to an adaptive layer further out, though its `on_shed`
-/// response says `Outcome::Dropped`. Behind the keyed HTTP layer, a
-/// handler's `Outcome` is taken as behind the plain one.
+/// Behind the keyed HTTP layer, a handler's `Outcome` is taken as behind
+/// the plain one.
 #[tokio::test]
-async fn a_refusal_further_in_is_no_sample_whatever_outcome_it_carries() {
+async fn behind_the_keyed_layer_a_response_s_outcome_is_taken_too() {
     use tower_inflight::keyed::{KeyedConfig, KeyedHttpConcurrencyLayer};
-    let (recording, outer) = recording_layer();
-    let inner = HttpConcurrencyLayer::new(Config::new(1, Duration::from_secs(30))).on_shed(|_| {
-        let mut response = Response::new(Bytes::from_static(b"overloaded"));
-        *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-        response.extensions_mut().insert(Outcome::Dropped);
-        response
-    });
-    let held = inner.bulkhead().try_acquire().unwrap();
-    let mut service = ServiceBuilder::new()
-        .layer(outer)
-        .layer(inner)
-        .service(service_fn(|_: Request<_>| async {
-            Ok::<_, BoxError>(Response::new(Full::new(Bytes::new())))
-        }));
-    let request = Request::get("/").body(Full::new(Bytes::new())).unwrap();
-    let response = service.ready().await.unwrap().call(request).await.unwrap();
-    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-    drop(response);
-    assert!(
-        recording.0.lock().unwrap().is_empty(),
-        "a refusal further in was sampled"
-    );
-    drop(held);
-
-    let keyed_recording = Recording::default();
+    let recording = Recording::default();
     let keyed = KeyedHttpConcurrencyLayer::new(
         KeyedConfig::new(
-            Config::new(4, Duration::from_secs(30))
-                .adaptive(Adaptive::new(keyed_recording.clone())),
+            Config::new(4, Duration::from_secs(30)).adaptive(Adaptive::new(recording.clone())),
         ),
         |head: &http::request::Parts| head.uri.path().to_owned(),
     );
@@ -187,7 +160,7 @@ async fn a_refusal_further_in_is_no_sample_whatever_outcome_it_carries() {
     let response = service.ready().await.unwrap().call(request).await.unwrap();
     response.into_body().collect().await.unwrap();
     assert!(
-        keyed_recording.0.lock().unwrap().is_empty(),
+        recording.0.lock().unwrap().is_empty(),
         "a key's cache hit was sampled"
     );
 }
@@ -212,10 +185,27 @@ async fn a_body_refused_by_a_bulkhead_further_in_is_no_sample() {
     assert!(recording.0.lock().unwrap().is_empty());
 }
 
+/// A refusal by a bulkhead further in never reached the dependency: it is
+/// no sample, plain or with an `on_shed` response that says
+/// `Outcome::Dropped`.
 #[tokio::test]
 async fn a_refusal_by_a_bulkhead_further_in_is_no_sample() {
+    for tagged in [false, true] {
+        a_refusal_further_in_is_no_sample(tagged).await;
+    }
+}
+
+async fn a_refusal_further_in_is_no_sample(tagged: bool) {
     let (recording, outer) = recording_layer();
-    let inner = HttpConcurrencyLayer::new(Config::new(1, Duration::from_secs(30)));
+    let mut inner = HttpConcurrencyLayer::new(Config::new(1, Duration::from_secs(30)));
+    if tagged {
+        inner = inner.on_shed(|_| {
+            let mut response = Response::new(Bytes::from_static(b"overloaded"));
+            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            response.extensions_mut().insert(Outcome::Dropped);
+            response
+        });
+    }
     let held = inner.bulkhead().try_acquire().unwrap();
     let mut service = ServiceBuilder::new()
         .layer(outer)
