@@ -490,6 +490,14 @@ fn capacity_holds_its_limit_while_few_calls_are_in_flight() {
 
 // ---- Through the bulkhead --------------------------------------------------
 
+/// Why a call through a layer was shed.
+fn shed_reason(error: &BoxError) -> tower_inflight::ShedReason {
+    error
+        .downcast_ref::<tower_inflight::ServiceSaturated>()
+        .expect("shed by the bulkhead")
+        .reason()
+}
+
 /// Counts its samples and answers with a limit set from outside.
 #[derive(Clone)]
 struct Scripted {
@@ -643,10 +651,7 @@ async fn a_wait_is_no_sample_nor_any_part_of_one() {
     // it) is shed, and is no sample.
     let mut held = bulkhead.try_acquire().unwrap();
     let shed = service.clone().oneshot(false).await.unwrap_err();
-    let shed = shed
-        .downcast_ref::<tower_inflight::ServiceSaturated>()
-        .unwrap();
-    assert_eq!(shed.reason(), tower_inflight::ShedReason::WaitExpired);
+    assert_eq!(shed_reason(&shed), tower_inflight::ShedReason::WaitExpired);
     assert_eq!(
         scripted.samples().len(),
         2,
@@ -681,10 +686,7 @@ async fn a_limit_lowered_between_poll_ready_and_call_sheds_the_call_at_once() {
     assert_eq!(bulkhead.limit(), 1);
     let started = tokio::time::Instant::now();
     let shed = ready.call(()).await.unwrap_err();
-    let shed = shed
-        .downcast_ref::<tower_inflight::ServiceSaturated>()
-        .unwrap();
-    assert_eq!(shed.reason(), tower_inflight::ShedReason::LimitReached);
+    assert_eq!(shed_reason(&shed), tower_inflight::ShedReason::LimitReached);
     assert_eq!(started.elapsed(), Duration::ZERO, "the call waited");
     drop(other);
 }

@@ -15,13 +15,13 @@ use crate::sync::{Arc, Ordering};
 use crate::wait::{Codel, SaturationSignal, WaitEnd, Waiters};
 use std::time::Duration;
 
-/// Whether a bulkhead's status keeps a day's history of minutes for its
-/// windows (about 150 bytes a minute).
 /// The longest call whose latency is a sample: its start is kept in 32
 /// bits of microseconds (about 71 minutes), with some room for the coarse
 /// clock's ticks.
 const MAX_SAMPLED: Duration = Duration::from_secs(4_000);
 
+/// Whether a bulkhead's status keeps a day's history of minutes for its
+/// windows (about 150 bytes a minute).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum History {
     Kept,
