@@ -838,35 +838,29 @@ impl KeyedPermit {
     /// Tells the key's adaptive limit, and the ceiling's, how the call
     /// went: as [`Permit::record`].
     pub fn record(&mut self, outcome: crate::adaptive::Outcome) {
-        self.key.record(outcome);
-        if let Some(ceiling) = &mut self.ceiling {
-            ceiling.record(outcome);
-        }
+        self.each(|permit| permit.record(outcome));
     }
 
     /// As [`Permit::ignore_unless_recorded`], for both slots.
     pub(crate) fn ignore_unless_recorded(&mut self) {
-        self.key.ignore_unless_recorded();
-        if let Some(ceiling) = &mut self.ceiling {
-            ceiling.ignore_unless_recorded();
-        }
+        self.each(Permit::ignore_unless_recorded);
     }
 
     /// As [`Permit::record_error`], for both slots.
     #[cfg(feature = "http")]
     pub(crate) fn record_error(&mut self, error: &dyn std::any::Any) {
-        self.key.record_error(error);
-        if let Some(ceiling) = &mut self.ceiling {
-            ceiling.record_error(error);
-        }
+        self.each(|permit| permit.record_error(error));
     }
 
     /// As [`Permit::record_result`], for both slots.
     pub(crate) fn record_result<T>(&mut self, result: Result<&T, &crate::BoxError>) {
-        self.key.record_result(result);
-        if let Some(ceiling) = &mut self.ceiling {
-            ceiling.record_result(result);
-        }
+        self.each(|permit| permit.record_result(result));
+    }
+
+    /// Does `to_each` to the key's permit, then to the ceiling's.
+    fn each(&mut self, mut to_each: impl FnMut(&mut Permit)) {
+        to_each(&mut self.key);
+        self.ceiling.iter_mut().for_each(to_each);
     }
 
     /// A key's slot, of a keyed bulkhead with no ceiling.
