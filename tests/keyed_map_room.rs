@@ -24,6 +24,7 @@ use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig};
 use tower_inflight::Config;
 
 const LONG: Duration = Duration::from_secs(3_600);
+const SEED: u64 = 0x9e37_79b9_7f4a_7c15;
 
 struct Counting;
 
@@ -66,6 +67,14 @@ fn shard_bits(max_keys: usize) -> u32 {
     (max_keys / 64).min(cores * 4).clamp(1, 64).ilog2()
 }
 
+/// The shard of a key whose `Hash` writes the one `u64` `word`.
+fn shard_of(word: u64, bits: u32) -> usize {
+    if bits == 0 {
+        return 0;
+    }
+    (word.wrapping_mul(SEED) >> (64 - bits)) as usize
+}
+
 /// Ids from this one up panic in the limit function: the caller's search
 /// evicted an idle key of its shard, and the place is given back free.
 const PANICS_FROM: u64 = 1 << 40;
@@ -83,11 +92,9 @@ fn keyed_of(max_keys: usize) -> KeyedBulkhead<u64> {
     )
 }
 
-/// The next id from `from` whose key `shard_of` puts in shard `at`; `from`
-/// moves past it. (The maps' hash is seeded at random: a key's shard is
-/// known only from its keyed bulkhead, `KeyedBulkhead::shard_of`.)
-fn next_id_of(shard_of: impl Fn(u64) -> usize, at: usize, from: &mut u64) -> u64 {
-    let id = (*from..).find(|&id| shard_of(id) == at).unwrap();
+/// The next id from `from` in shard `at` of `1 << bits`; `from` moves past it.
+fn next_id_of(at: usize, bits: u32, from: &mut u64) -> u64 {
+    let id = (*from..).find(|&id| shard_of(id, bits) == at).unwrap();
     *from = id + 1;
     id
 }
@@ -161,6 +168,7 @@ fn a_shard_emptied_of_keys_of_one_hash_gives_back_its_room() {
     let bits = shard_bits(MAX_KEYS);
     let shards = 1usize << bits;
     assert!(shards >= 2, "needs several shards");
+    let tenant_of = |at: usize| (0..).find(|&t| shard_of(t, bits) == at).unwrap();
     let keyed = KeyedBulkhead::new(
         KeyedConfig::new(Config::new(1, LONG))
             .limit_per_key(|user: &User| {
@@ -169,10 +177,6 @@ fn a_shard_emptied_of_keys_of_one_hash_gives_back_its_room() {
             })
             .max_keys(MAX_KEYS),
     );
-    let tenant_of = |at: usize| {
-        let shard_of = |tenant| keyed.shard_of(&User { tenant, id: 0 });
-        next_id_of(shard_of, at, &mut 0)
-    };
     let (mut next, mut panicking) = (0u64, PANICS_FROM);
     let tenant = tenant_of(0);
     let (per_key, room_full, full) = fill_one_shard(&keyed, || {
@@ -231,7 +235,7 @@ fn a_shard_left_with_an_eighth_of_its_keys_gives_back_its_map_s_room() {
     let bits = shard_bits(MAX_KEYS);
     assert!(bits >= 1, "needs several shards");
     let keyed = keyed_of(MAX_KEYS);
-    let ids_of = |at: usize, from: &mut u64| next_id_of(|id| keyed.shard_of(&id), at, from);
+    let ids_of = |at: usize, from: &mut u64| next_id_of(at, bits, from);
     let (mut next, mut panicking) = (0u64, PANICS_FROM);
     let (per_key, room_full, full) = fill_one_shard(&keyed, || ids_of(0, &mut next));
     // Shard 0 emptied down to LEFT keys, the others parked in shard 1
@@ -275,7 +279,7 @@ fn keys_moving_from_shard_to_shard_leave_no_map_capacity_behind() {
     let shards = 1usize << bits;
     assert!(shards >= 2, "needs several shards");
     let keyed = keyed_of(MAX_KEYS);
-    let ids_of = |at: usize, from: &mut u64| next_id_of(|id| keyed.shard_of(&id), at, from);
+    let ids_of = |at: usize, from: &mut u64| next_id_of(at, bits, from);
     let (mut next, mut panicking) = (0u64, PANICS_FROM);
     for _ in 0..MAX_KEYS {
         drop(
@@ -337,9 +341,7 @@ fn a_shard_holding_an_eighth_of_its_map_s_room_gives_it_back() {
     quiet_panics();
     let bits = shard_bits(MAX_KEYS);
     assert!(bits >= 1, "needs several shards");
-    let ids_of = |keyed: &KeyedBulkhead<u64>, at: usize, from: &mut u64| {
-        next_id_of(|id| keyed.shard_of(&id), at, from)
-    };
+    let ids_of = |at: usize, from: &mut u64| next_id_of(at, bits, from);
     // Churned: shard 0 filled to 449 keys (its map grows to 1,024 buckets
     // at the 449th), then emptied to 113, the others moved to shard 1.
     let start = live();
@@ -347,11 +349,7 @@ fn a_shard_holding_an_eighth_of_its_map_s_room_gives_it_back() {
     let (mut next, mut panicking) = (0u64, PANICS_FROM);
     let mut at_448 = 0;
     for made in 1..=MAX_KEYS {
-        drop(
-            churned
-                .try_acquire(&ids_of(&churned, 0, &mut next))
-                .expect("a place"),
-        );
+        drop(churned.try_acquire(&ids_of(0, &mut next)).expect("a place"));
         if made == MAX_KEYS - 1 {
             at_448 = live();
         }
@@ -359,16 +357,12 @@ fn a_shard_holding_an_eighth_of_its_map_s_room_gives_it_back() {
     let at_449 = live();
     let (mut before_per_key, mut after_per_key) = (0, 0);
     for moved in 0..MAX_KEYS - LEFT {
-        let id = ids_of(&churned, 0, &mut panicking);
+        let id = ids_of(0, &mut panicking);
         assert!(catch_unwind(AssertUnwindSafe(|| churned.try_acquire(&id).map(drop))).is_err());
         if moved == 100 {
             before_per_key = live();
         }
-        drop(
-            churned
-                .try_acquire(&ids_of(&churned, 1, &mut next))
-                .expect("a place"),
-        );
+        drop(churned.try_acquire(&ids_of(1, &mut next)).expect("a place"));
         if moved == 100 {
             after_per_key = live();
         }
@@ -380,18 +374,10 @@ fn a_shard_holding_an_eighth_of_its_map_s_room_gives_it_back() {
     let fresh = keyed_of(MAX_KEYS);
     let (mut a, mut b) = (0u64, 0u64);
     for _ in 0..LEFT {
-        drop(
-            fresh
-                .try_acquire(&ids_of(&fresh, 0, &mut a))
-                .expect("a place"),
-        );
+        drop(fresh.try_acquire(&ids_of(0, &mut a)).expect("a place"));
     }
     for _ in 0..MAX_KEYS - LEFT {
-        drop(
-            fresh
-                .try_acquire(&ids_of(&fresh, 1, &mut b))
-                .expect("a place"),
-        );
+        drop(fresh.try_acquire(&ids_of(1, &mut b)).expect("a place"));
     }
     assert_eq!(fresh.keys(), MAX_KEYS);
     let fresh_bytes = live() - start;
@@ -468,6 +454,7 @@ fn fill_and_empty_shard_0(poisoned: bool) -> (isize, isize) {
     const LEFT: usize = 113;
     let bits = shard_bits(MAX_KEYS);
     assert!(bits >= 1, "needs several shards");
+    let ids_of = |at: usize, from: &mut u64| next_id_of(at, bits, from);
     let user = |tenant: u64| Poisonable { tenant, id: tenant };
     let start = live();
     let keyed = KeyedBulkhead::new(
@@ -478,8 +465,6 @@ fn fill_and_empty_shard_0(poisoned: bool) -> (isize, isize) {
             })
             .max_keys(MAX_KEYS),
     );
-    let ids_of =
-        |at: usize, from: &mut u64| next_id_of(|tenant| keyed.shard_of(&user(tenant)), at, from);
     let (mut next0, mut next1, mut panicking) = (0u64, 0u64, PANICS_FROM);
     let first = ids_of(0, &mut next0);
     drop(keyed.try_acquire(&user(first)).expect("a place"));
@@ -565,7 +550,7 @@ static NESTED_NEXT: AtomicU64 = AtomicU64::new(0);
 
 /// A keyed bulkhead as `keyed_of`'s, whose limit function makes the next
 /// nested key while `NESTED_LEFT` counts any.
-fn keyed_nesting(max_keys: usize) -> KeyedBulkhead<u64> {
+fn keyed_nesting(max_keys: usize, bits: u32) -> KeyedBulkhead<u64> {
     let this: Arc<OnceLock<KeyedBulkhead<u64>>> = Arc::new(OnceLock::new());
     let inner = this.clone();
     let keyed = KeyedBulkhead::new(
@@ -576,10 +561,9 @@ fn keyed_nesting(max_keys: usize) -> KeyedBulkhead<u64> {
                 if left > 0 {
                     NESTED_LEFT.store(left - 1, Ordering::SeqCst);
                     let mut from = NESTED_NEXT.load(Ordering::SeqCst);
-                    let keyed = inner.get().expect("set");
-                    let shard_of = |id| keyed.shard_of(&id);
-                    let next = next_id_of(shard_of, NESTED_SHARD.load(Ordering::SeqCst), &mut from);
+                    let next = next_id_of(NESTED_SHARD.load(Ordering::SeqCst), bits, &mut from);
                     NESTED_NEXT.store(from, Ordering::SeqCst);
+                    let keyed = inner.get().expect("set");
                     drop(
                         keyed
                             .try_acquire(&next)
@@ -600,14 +584,13 @@ fn keyed_nesting(max_keys: usize) -> KeyedBulkhead<u64> {
 /// and is never dropped).
 fn move_through_shards(max_keys: usize, bits: u32, nested: bool) -> isize {
     let start = live();
-    let keyed = keyed_nesting(max_keys);
-    let shard_of = |id| keyed.shard_of(&id);
+    let keyed = keyed_nesting(max_keys, bits);
     let (mut next, mut panicking) = (0u64, PANICS_FROM);
     for at in 0..1usize << bits {
         if nested {
             // Shard `at - 1`'s keys are evicted as this shard's are made.
             NESTED_SHARD.store(at, Ordering::SeqCst);
-            let first = next_id_of(shard_of, at, &mut next);
+            let first = next_id_of(at, bits, &mut next);
             NESTED_NEXT.store(next, Ordering::SeqCst);
             NESTED_LEFT.store(max_keys - 1, Ordering::SeqCst);
             drop(keyed.try_acquire(&first).expect("a place"));
@@ -616,11 +599,11 @@ fn move_through_shards(max_keys: usize, bits: u32, nested: bool) -> isize {
         } else {
             for _ in 0..max_keys {
                 if at > 0 {
-                    evict_one_of(&keyed, &next_id_of(shard_of, at - 1, &mut panicking));
+                    evict_one_of(&keyed, &next_id_of(at - 1, bits, &mut panicking));
                 }
                 drop(
                     keyed
-                        .try_acquire(&next_id_of(shard_of, at, &mut next))
+                        .try_acquire(&next_id_of(at, bits, &mut next))
                         .expect("a place"),
                 );
             }

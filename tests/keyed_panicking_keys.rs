@@ -6,7 +6,8 @@
 //! being dropped drops every key once; a key's `Drop` that panics then
 //! propagates, as from std's map, without aborting.
 //!
-//! `max_keys(128)` gives 2 shards, `max_keys(64)` one.
+//! `max_keys(128)` gives 2 shards, `max_keys(64)` one. The shard of a `u64`
+//! key among `1 << bits` is the top `bits` bits of `key * SEED`.
 
 use std::hash::{Hash, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -17,17 +18,16 @@ use tower_inflight::keyed::{KeyedBulkhead, KeyedConfig, KeyedPermit};
 use tower_inflight::{Config, ShedReason};
 
 const LONG: Duration = Duration::from_secs(3_600);
-/// `count` ids whose keys `keyed` holds in shard `at`, after those
-/// `taken` so far. (The maps' hash is seeded at random: a key's shard is
-/// known only from its keyed bulkhead.)
-fn fresh_ids_in(
-    keyed: &KeyedBulkhead<Twice>,
-    at: usize,
-    count: usize,
-    taken: &mut u64,
-) -> Vec<u64> {
+const SEED: u64 = 0x9e37_79b9_7f4a_7c15;
+
+fn shard_of(id: u64, bits: u32) -> usize {
+    (id.wrapping_mul(SEED) >> (64 - bits)) as usize
+}
+
+/// `count` ids of shard `at` among `1 << bits`, after those `taken` so far.
+fn fresh_ids_in(at: usize, bits: u32, count: usize, taken: &mut u64) -> Vec<u64> {
     let ids: Vec<u64> = (*taken..)
-        .filter(|&id| keyed.shard_of(&Twice(id)) == at)
+        .filter(|&id| shard_of(id, bits) == at)
         .take(count)
         .collect();
     *taken = ids.last().map_or(*taken, |last| last + 1);
@@ -87,10 +87,10 @@ fn a_key_put_in_after_its_clone_panicked_is_not_looked_at_twice() {
     let keyed: KeyedBulkhead<Twice> =
         KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(128));
     let mut taken = 30_000_000;
-    let p = fresh_ids_in(&keyed, 0, 1, &mut taken)[0];
-    let busy_ids = fresh_ids_in(&keyed, 0, 126, &mut taken);
-    let idle_id = fresh_ids_in(&keyed, 0, 1, &mut taken)[0];
-    let newcomer = fresh_ids_in(&keyed, 0, 1, &mut taken)[0];
+    let p = fresh_ids_in(0, 1, 1, &mut taken)[0];
+    let busy_ids = fresh_ids_in(0, 1, 126, &mut taken);
+    let idle_id = fresh_ids_in(0, 1, 1, &mut taken)[0];
+    let newcomer = fresh_ids_in(0, 1, 1, &mut taken)[0];
 
     TWICE_CLONES.store(0, Ordering::SeqCst);
     TWICE_PANICS.store(p, Ordering::SeqCst);

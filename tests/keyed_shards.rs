@@ -12,9 +12,10 @@
 //! keeping the searches short past the millisecond.
 //!
 //! `max_keys(128)` gives 2 shards on any machine (128 / 64 = 2, at most
-//! four a core). The maps' hash is seeded at random, so the tests place
-//! keys by asking the keyed bulkhead which shard holds each
-//! (`KeyedBulkhead::shard_of`, of feature `test-util`).
+//! four a core). The shard of a `u64` key is the top bit of
+//! `key * 0x9e37_79b9_7f4a_7c15` (the shard hasher of `src/keyed/shards.rs`
+//! over one `write_u64`, pinned by a unit test there), reproduced here to
+//! place keys.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -26,36 +27,27 @@ use tower_inflight::{Config, ManualClock, ShedReason};
 
 const LONG: Duration = Duration::from_secs(3_600);
 const PATIENCE: Duration = Duration::from_secs(30);
-/// A keyed bulkhead whose keys are made from `u64` ids.
-trait Placed {
-    /// The shard that holds the key of `id`.
-    fn shard(&self, id: u64) -> usize;
+const SEED: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// The shard of a `u64`-hashed key among `1 << bits`.
+fn shard_of(id: u64, bits: u32) -> usize {
+    (id.wrapping_mul(SEED) >> (64 - bits)) as usize
 }
 
-impl Placed for KeyedBulkhead<u64> {
-    fn shard(&self, id: u64) -> usize {
-        self.shard_of(&id)
-    }
-}
-
-impl Placed for KeyedBulkhead<Gated> {
-    fn shard(&self, id: u64) -> usize {
-        self.shard_of(&Gated(id))
-    }
-}
-
-/// The first `count` ids from `from` whose keys `keyed` holds in shard `at`.
-fn ids_in(keyed: &impl Placed, at: usize, from: u64, count: usize) -> Vec<u64> {
+/// The first `count` ids from `from` that fall in shard `at` of 2.
+fn ids_in(at: usize, from: u64, count: usize) -> Vec<u64> {
     (from..)
-        .filter(|&id| keyed.shard(id) == at)
+        .filter(|&id| shard_of(id, 1) == at)
         .take(count)
         .collect()
 }
 
-/// `count` ids whose keys `keyed` holds in shard `at`, after those `taken`
-/// so far.
-fn fresh_ids_in(keyed: &impl Placed, at: usize, count: usize, taken: &mut u64) -> Vec<u64> {
-    let ids = ids_in(keyed, at, *taken, count);
+/// `count` ids of shard `at` among `1 << bits`, after those `taken` so far.
+fn fresh_ids_in(at: usize, bits: u32, count: usize, taken: &mut u64) -> Vec<u64> {
+    let ids: Vec<u64> = (*taken..)
+        .filter(|&id| shard_of(id, bits) == at)
+        .take(count)
+        .collect();
     *taken = ids.last().map_or(*taken, |last| last + 1);
     ids
 }
@@ -120,7 +112,7 @@ static EQ_GATED: AtomicU64 = AtomicU64::new(u64::MAX);
 static CLONE_PANICS: AtomicU64 = AtomicU64::new(u64::MAX);
 static CLONES_OF_IT: AtomicUsize = AtomicUsize::new(0);
 
-/// A `u64` key whose `Eq` may stop at a gate
+/// A `u64` key (in the shard of its `u64`) whose `Eq` may stop at a gate
 /// and whose `Clone` may panic.
 #[derive(Debug, Eq)]
 struct Gated(u64);
@@ -192,7 +184,7 @@ fn call_on(
 fn a_new_key_is_not_shed_while_64_of_128_keys_are_idle() {
     for newcomer_shard in [1, 0] {
         let keyed = KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(128));
-        let ids = ids_in(&keyed, 0, 0, 129);
+        let ids = ids_in(0, 0, 129);
         let busy: Vec<_> = ids[..64]
             .iter()
             .map(|id| keyed.try_acquire(id).unwrap())
@@ -203,7 +195,7 @@ fn a_new_key_is_not_shed_while_64_of_128_keys_are_idle() {
         assert_eq!(keyed.keys(), 128);
         let newcomer = match newcomer_shard {
             0 => ids[128],
-            _ => ids_in(&keyed, 1, 0, 1)[0],
+            _ => ids_in(1, 0, 1)[0],
         };
         if let Err(shed) = keyed.try_acquire(&newcomer) {
             panic!(
@@ -225,13 +217,13 @@ fn a_new_key_is_not_shed_while_64_of_128_keys_are_idle() {
 fn a_new_key_is_not_shed_while_32_of_128_keys_are_idle_behind_96_busy() {
     let keyed = KeyedBulkhead::new(KeyedConfig::new(Config::new(1, LONG)).max_keys(128));
     let mut taken = 0;
-    let mut held = busy(&keyed, &fresh_ids_in(&keyed, 0, 32, &mut taken));
-    held.extend(busy(&keyed, &fresh_ids_in(&keyed, 1, 64, &mut taken)));
-    idle(&keyed, &fresh_ids_in(&keyed, 1, 32, &mut taken));
+    let mut held = busy(&keyed, &fresh_ids_in(0, 1, 32, &mut taken));
+    held.extend(busy(&keyed, &fresh_ids_in(1, 1, 64, &mut taken)));
+    idle(&keyed, &fresh_ids_in(1, 1, 32, &mut taken));
     assert_eq!(keyed.keys(), 128);
     assert_eq!(keyed.status(0).evicted, 0);
 
-    let newcomer = fresh_ids_in(&keyed, 0, 1, &mut taken)[0];
+    let newcomer = fresh_ids_in(0, 1, 1, &mut taken)[0];
     if let Err(shed) = keyed.try_acquire(&newcomer) {
         panic!(
             "a new key shed ({:?}) with 96 keys busy and 32 idle; refused so far: {}",
@@ -254,14 +246,14 @@ fn a_new_key_is_not_shed_while_176_of_256_keys_are_idle_over_four_shards() {
     let mut taken = 0;
     let mut held = Vec::new();
     for at in 0..3 {
-        held.extend(busy(&keyed, &fresh_ids_in(&keyed, at, 16, &mut taken)));
+        held.extend(busy(&keyed, &fresh_ids_in(at, 2, 16, &mut taken)));
     }
-    held.extend(busy(&keyed, &fresh_ids_in(&keyed, 3, 32, &mut taken)));
-    idle(&keyed, &fresh_ids_in(&keyed, 3, 176, &mut taken));
+    held.extend(busy(&keyed, &fresh_ids_in(3, 2, 32, &mut taken)));
+    idle(&keyed, &fresh_ids_in(3, 2, 176, &mut taken));
     assert_eq!(keyed.keys(), 256);
     assert_eq!(keyed.status(0).evicted, 0);
 
-    let newcomer = fresh_ids_in(&keyed, 0, 1, &mut taken)[0];
+    let newcomer = fresh_ids_in(0, 2, 1, &mut taken)[0];
     if let Err(shed) = keyed.try_acquire(&newcomer) {
         panic!(
             "a new key shed ({:?}) with 80 keys busy and 176 idle",
@@ -289,12 +281,12 @@ fn a_re_search_is_not_shed_while_64_of_128_keys_are_idle() {
     let clock = ManualClock::new();
     let keyed = gated_keyed_on(128, clock.clone());
     let mut taken = 10_000_000;
-    let i = fresh_ids_in(&keyed, 1, 1, &mut taken)[0];
-    let shard1_busy_ids = fresh_ids_in(&keyed, 1, 63, &mut taken);
-    let shard0_busy_ids = fresh_ids_in(&keyed, 0, 64, &mut taken);
-    let z = fresh_ids_in(&keyed, 0, 1, &mut taken)[0];
-    let x = fresh_ids_in(&keyed, 0, 1, &mut taken)[0];
-    let y = fresh_ids_in(&keyed, 1, 1, &mut taken)[0];
+    let i = fresh_ids_in(1, 1, 1, &mut taken)[0];
+    let shard1_busy_ids = fresh_ids_in(1, 1, 63, &mut taken);
+    let shard0_busy_ids = fresh_ids_in(0, 1, 64, &mut taken);
+    let z = fresh_ids_in(0, 1, 1, &mut taken)[0];
+    let x = fresh_ids_in(0, 1, 1, &mut taken)[0];
+    let y = fresh_ids_in(1, 1, 1, &mut taken)[0];
 
     let i_permit = keyed.try_acquire(&Gated(i)).unwrap();
     let shard1_busy = busy_gated(&keyed, &shard1_busy_ids);
@@ -366,10 +358,10 @@ fn every_key_busy_over_two_maps(
     new: usize,
 ) -> (Vec<Option<KeyedPermit>>, Vec<KeyedPermit>, Vec<u64>) {
     let mut taken = 1_000;
-    let ids = fresh_ids_in(keyed, 0, 136, &mut taken);
+    let ids = fresh_ids_in(0, 1, 136, &mut taken);
     let map0 = busy(keyed, &ids).into_iter().map(Some).collect();
-    let map1 = busy(keyed, &fresh_ids_in(keyed, 1, 64, &mut taken));
-    (map0, map1, fresh_ids_in(keyed, 0, new, &mut taken))
+    let map1 = busy(keyed, &fresh_ids_in(1, 1, 64, &mut taken));
+    (map0, map1, fresh_ids_in(0, 1, new, &mut taken))
 }
 
 /// Every key busy, 64 in each map: a new key of map 0 is shed. Then every
@@ -382,16 +374,16 @@ fn a_flood_of_new_keys_of_one_map_finds_the_idle_keys_of_the_other() {
     let clock = ManualClock::new();
     let keyed = keyed_on(&clock, 128);
     let mut taken = 1_000;
-    let map0 = busy(&keyed, &fresh_ids_in(&keyed, 0, 64, &mut taken));
-    let map1 = busy(&keyed, &fresh_ids_in(&keyed, 1, 64, &mut taken));
-    let first = fresh_ids_in(&keyed, 0, 1, &mut taken)[0];
+    let map0 = busy(&keyed, &fresh_ids_in(0, 1, 64, &mut taken));
+    let map1 = busy(&keyed, &fresh_ids_in(1, 1, 64, &mut taken));
+    let first = fresh_ids_in(0, 1, 1, &mut taken)[0];
     assert_eq!(
         keyed.try_acquire(&first).map(drop).map_err(|s| s.reason()),
         Err(ShedReason::TooManyKeys),
         "every key busy"
     );
     drop(map1);
-    let flood = fresh_ids_in(&keyed, 0, 1_000, &mut taken);
+    let flood = fresh_ids_in(0, 1, 1_000, &mut taken);
     let admitted = flood.iter().position(|id| {
         clock.advance(Duration::from_micros(500));
         keyed.try_acquire(id).is_ok()

@@ -670,15 +670,6 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             .unwrap_or(0)
     }
 
-    /// Which of the maps the keys are spread over holds `key`: for tests
-    /// that place keys. The maps' hash is seeded at random: a key's map is
-    /// known only from its keyed bulkhead.
-    #[doc(hidden)]
-    #[cfg(any(test, feature = "test-util"))]
-    pub fn shard_of(&self, key: &K) -> usize {
-        self.inner.keys.shard_of(key)
-    }
-
     /// A snapshot: the keys held, evicted and refused, and the busiest keys
     /// (at most `busiest` of them, those with calls in flight or waiting,
     /// the most first).

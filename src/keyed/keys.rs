@@ -39,15 +39,6 @@ const SHORT_SEARCH: usize = 8;
 /// How long after a full search that found no room the searches are short.
 const SHORT_SEARCHES_FOR: Duration = Duration::from_millis(1);
 
-/// Seeded at random, so that a map of keys resists keys chosen to collide
-/// as much as `std`'s `HashMap` does. Loom replays each execution of a
-/// model, and a key must fall in the same shard every time: its models
-/// hash with a fixed seed.
-#[cfg(not(tower_inflight_loom))]
-type KeyHasher = RandomState;
-#[cfg(tower_inflight_loom)]
-type KeyHasher = BuildHasherDefault<std::hash::DefaultHasher>;
-
 /// The end of a chain of slots of one hash.
 const NONE: usize = usize::MAX;
 
@@ -162,7 +153,7 @@ pub(crate) struct Keys<K> {
     /// A power of two of them.
     shards: Box<[Shard<K>]>,
     /// Hashes every key once, as it comes in.
-    hasher: KeyHasher,
+    hasher: RandomState,
     /// The keys held and being made, in every shard: never past `max_keys`.
     places: AtomicUsize,
     /// The keys held, in every shard: counted as each goes in and out of its
@@ -217,7 +208,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
                     }),
                 })
                 .collect(),
-            hasher: KeyHasher::default(),
+            hasher: RandomState::new(),
             places: AtomicUsize::new(0),
             held: AtomicUsize::new(0),
             max_keys,
@@ -229,17 +220,11 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         }
     }
 
-    /// The shard of `key`, and its hash: the key's `Hash` runs once a call.
+    /// The shard of `key`, and its hash.
     #[inline(always)]
     fn locate(&self, key: &K) -> (&RwLock<Map<K>>, u64) {
-        let hash = self.hasher.hash_one(key);
-        (&self.shards[shard_of(hash, self.shards.len())].map, hash)
-    }
-
-    /// The index of `key`'s shard: for tests that place keys.
-    #[cfg(any(test, feature = "test-util"))]
-    pub(crate) fn shard_of(&self, key: &K) -> usize {
-        shard_of(self.hasher.hash_one(key), self.shards.len())
+        let shard = &self.shards[shard_of(key, self.shards.len())];
+        (&shard.map, self.hasher.hash_one(key))
     }
 
     /// `found` of `key`'s entry, made if it is new; `None` if it is new
@@ -630,10 +615,10 @@ mod tests {
         Keys::plain(Config::new(1, Duration::from_secs(3_600)), max_keys, shards)
     }
 
-    /// The first `count` keys that shard `at` of `keys` holds.
-    fn keys_of_shard(keys: &Keys<u64>, at: usize, count: usize) -> Vec<u64> {
+    /// The first `count` keys that shard `at` of `shards` holds.
+    fn keys_of_shard(at: usize, shards: usize, count: usize) -> Vec<u64> {
         (0..)
-            .filter(|key| keys.shard_of(key) == at)
+            .filter(|key| shard_of(key, shards) == at)
             .take(count)
             .collect()
     }
@@ -666,10 +651,10 @@ mod tests {
     #[test]
     fn a_new_key_evicts_an_idle_key_of_another_shard_when_its_own_has_none() {
         let keys = keys(2, 4);
-        for key in keys_of_shard(&keys, 0, 2) {
+        for key in keys_of_shard(0, 4, 2) {
             drop(hold(&keys, key).expect("room for two keys"));
         }
-        let newcomer = keys_of_shard(&keys, 1, 1)[0];
+        let newcomer = keys_of_shard(1, 4, 1)[0];
         let held = hold(&keys, newcomer).expect("an idle key of shard 0 made room");
         assert_eq!((keys.len(), keys.evicted()), (2, 1));
         assert_places_match(&keys);
@@ -680,17 +665,17 @@ mod tests {
     fn max_keys_bounds_the_keys_of_every_shard_together() {
         let keys = keys(3, 4);
         let mut held: Vec<_> = (0..3)
-            .map(|at| hold(&keys, keys_of_shard(&keys, at, 1)[0]).expect("room for three keys"))
+            .map(|at| hold(&keys, keys_of_shard(at, 4, 1)[0]).expect("room for three keys"))
             .collect();
         for at in [3, 0] {
-            let key = keys_of_shard(&keys, at, 2)[1];
+            let key = keys_of_shard(at, 4, 2)[1];
             assert!(hold(&keys, key).is_none(), "a fourth key, in shard {at}");
         }
         assert_eq!((keys.refused(), keys.len()), (2, 3));
         assert_places_match(&keys);
         // One key idle, in shard 1: a key of shard 3 takes its place.
         drop(held.remove(1));
-        held.push(hold(&keys, keys_of_shard(&keys, 3, 1)[0]).expect("the idle key made room"));
+        held.push(hold(&keys, keys_of_shard(3, 4, 1)[0]).expect("the idle key made room"));
         assert_eq!((keys.len(), keys.evicted()), (3, 1));
         assert_places_match(&keys);
     }

@@ -117,10 +117,11 @@ fn hold(keys: &Arc<Keys<u32>>, key: u32) -> thread::JoinHandle<Option<crate::bul
 /// twice, or if a key is evicted under a caller taking its slot.
 #[test]
 fn loom_a_new_key_and_a_caller_of_an_idle_key_of_another_shard_admit_exactly_one() {
+    use crate::keyed::shards::shard_of;
     loom::model(|| {
         let clock = ManualClock::new();
         let keys = Arc::new(Keys::<u32>::plain(per_key(&clock), 1, 2));
-        let of_shard = |at| (0..).find(|key| keys.shard_of(key) == at).unwrap();
+        let of_shard = |at| (0..).find(|key| shard_of(key, 2) == at).unwrap();
         let (idle, newcomer) = (of_shard(0), of_shard(1));
         assert!(keys.find(&idle, |_| ()).is_some(), "room for the first key");
         let calls = [hold(&keys, newcomer), hold(&keys, idle)];
