@@ -83,9 +83,11 @@ impl Bulkhead {
     /// while any are parked, a free slot goes to them first.
     #[inline(always)]
     pub fn try_acquire(&self) -> Result<Permit, ServiceSaturated> {
-        self.shared
-            .claim_or_shed()
-            .map(|claim| Permit::new(self.shared.clone(), claim))
+        self.shared.claim_weighted_or_shed(
+            1,
+            #[inline(always)]
+            |claim| Permit::new(self.shared.clone(), claim),
+        )
     }
 
     /// [`try_acquire`](Self::try_acquire) for a permit that borrows the
@@ -112,9 +114,11 @@ impl Bulkhead {
     /// ```
     #[inline(always)]
     pub fn try_acquire_borrowed(&self) -> Result<BorrowedPermit<'_>, ServiceSaturated> {
-        self.shared
-            .claim_or_shed()
-            .map(|claim| BorrowedPermit::new(&self.shared, claim))
+        self.shared.claim_weighted_or_shed(
+            1,
+            #[inline(always)]
+            |claim| BorrowedPermit::new(&self.shared, claim),
+        )
     }
 
     /// Takes a slot, waiting for one up to the configured `wait` budget.
@@ -237,9 +241,11 @@ impl Bulkhead {
     /// ```
     #[inline(always)]
     pub fn try_acquire_weighted(&self, weight: usize) -> Result<Permit, ServiceSaturated> {
-        self.shared
-            .claim_weighted_or_shed(weight)
-            .map(|claim| Permit::new(self.shared.clone(), claim))
+        self.shared.claim_weighted_or_shed(
+            weight,
+            #[inline(always)]
+            |claim| Permit::new(self.shared.clone(), claim),
+        )
     }
 
     /// [`acquire`](Self::acquire) with a [`Ticket`]: a priority for the

@@ -161,19 +161,33 @@ impl Shared {
     /// [`ServiceSaturated`], on one clock read.
     #[inline(always)]
     pub(crate) fn claim_or_shed(&self) -> Result<Claim, ServiceSaturated> {
-        self.claim_weighted_or_shed(1)
+        self.claim_weighted_or_shed(
+            1,
+            #[inline(always)]
+            |claim| claim,
+        )
     }
 
-    /// [`claim_or_shed`](Self::claim_or_shed) for `weight` slots at once.
+    /// [`claim_or_shed`](Self::claim_or_shed) for `weight` slots at once,
+    /// the claim made what the caller returns by `made` (inlined): so the
+    /// refusal is built in the caller's own `Result`. Built in a
+    /// `Result<Claim, _>` and then mapped, its 48 bytes were copied with
+    /// wide loads that stall on the narrow stores that had just written
+    /// them (store forwarding), about a third of a shed's time.
     #[inline(always)]
-    pub(crate) fn claim_weighted_or_shed(&self, weight: usize) -> Result<Claim, ServiceSaturated> {
+    pub(crate) fn claim_weighted_or_shed<T>(
+        &self,
+        weight: usize,
+        made: impl FnOnce(Claim) -> T,
+    ) -> Result<T, ServiceSaturated> {
         let now = self.clock.now();
-        let claim = self
-            .try_claim_weighted(weight, now)
-            .map_err(|reason| self.saturated_at(reason, now))?;
+        let claim = match self.try_claim_weighted(weight, now) {
+            Ok(claim) => claim,
+            Err(reason) => return Err(self.saturated_at(reason, now)),
+        };
         match &self.leases {
-            None => Ok(claim),
-            Some(leases) => self.lease_without_round_trip(leases, claim, now),
+            None => Ok(made(claim)),
+            Some(leases) => self.lease_without_round_trip(leases, claim, now).map(made),
         }
     }
 
