@@ -169,11 +169,11 @@ impl Shared {
     }
 
     /// [`claim_or_shed`](Self::claim_or_shed) for `weight` slots at once,
-    /// the claim made what the caller returns by `made` (inlined): so the
-    /// refusal is built in the caller's own `Result`. Built in a
-    /// `Result<Claim, _>` and then mapped, its 48 bytes were copied with
-    /// wide loads that stall on the narrow stores that had just written
-    /// them (store forwarding), about a third of a shed's time.
+    /// the claim made what the caller returns by `made` (inlined), so that
+    /// the refusal is built in the caller's own `Result`: built in a
+    /// `Result<Claim, _>` and then mapped, its 48 bytes would be copied
+    /// with wide loads that stall on the narrow stores that have just
+    /// written them (store forwarding), about a third of a shed's time.
     #[inline(always)]
     pub(crate) fn claim_weighted_or_shed<T>(
         &self,
