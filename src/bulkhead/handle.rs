@@ -83,11 +83,7 @@ impl Bulkhead {
     /// while any are parked, a free slot goes to them first.
     #[inline(always)]
     pub fn try_acquire(&self) -> Result<Permit, ServiceSaturated> {
-        self.shared.claim_weighted_or_shed(
-            1,
-            #[inline(always)]
-            |claim| Permit::new(self.shared.clone(), claim),
-        )
+        self.try_acquire_weighted(1)
     }
 
     /// [`try_acquire`](Self::try_acquire) for a permit that borrows the
