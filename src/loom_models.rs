@@ -132,14 +132,14 @@ fn loom_a_byte_sweep_never_takes_the_next_holder_s_record() {
         let expired = 1 + HOLD;
         let sweeper = {
             let table = table.clone();
-            thread::spawn(move || table.recover_expired_bytes(expired))
+            thread::spawn(move || table.reclaim_expired(expired))
         };
         let claim = table.try_claim(expired, Ordering::Relaxed).unwrap();
         let reserved = table.reserve_bytes(&claim, 600);
         sweeper.join().unwrap();
         // Whoever gave the leaked bytes back, they came back once, and the
         // new holder's bytes (if the budget had room for them) are its own.
-        assert!(!table.recover_expired_bytes(expired));
+        assert_eq!(table.reclaim_expired(expired), 0);
         let expected = if reserved { 600 } else { 0 };
         assert_eq!(table.bytes_reserved(), expected);
         if reserved {

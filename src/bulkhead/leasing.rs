@@ -49,11 +49,9 @@ impl Leases {
             .map_err(|refused| refused.reason())
     }
 
-    /// `claim`'s permit holds `lease`, until the claim goes back: the
-    /// claim to make it with, which says so.
-    pub(crate) fn hold(&self, claim: Claim, lease: HeldLease) -> Claim {
-        self.lock().insert(key(&claim), lease);
-        claim.holding_more()
+    /// `claim`'s permit holds `lease`, until the claim goes back.
+    pub(crate) fn hold(&self, claim: &Claim, lease: HeldLease) {
+        self.lock().insert(key(claim), lease);
     }
 
     /// Gives back `claim`'s lease.

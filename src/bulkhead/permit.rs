@@ -321,7 +321,7 @@ impl Granted {
             shared.give_back_unused(&claim);
             return Err(shared.saturated_at(ShedReason::ClusterLimit, now));
         }
-        if !shared.slots().holds(&claim, now) {
+        if !shared.slots().holds(claim.index(), claim.word(), now) {
             self.claim = None;
             shared.give_back_unused(&claim);
             // Read again: giving back may have waited for the line's lock
@@ -347,13 +347,13 @@ impl Granted {
     /// admitted now, with `bytes` of the budget beside its slots (or the
     /// slots given back and the call shed if the bytes do not fit).
     pub(crate) fn into_renewed_permit(mut self, bytes: u64) -> Result<Permit, ServiceSaturated> {
-        let Some(mut claim) = self.claim.take() else {
+        let Some(claim) = self.claim.take() else {
             unreachable!("a grant is made a permit once")
         };
         // Held beside the claim, and given back with it, however the
         // permit's making ends.
         if let Some(lease) = self.lease.take() {
-            claim = self.shared.hold_lease(claim, lease);
+            self.shared.hold_lease(&claim, lease);
         }
         Shared::permit(&self.shared, claim, bytes)
     }

@@ -206,7 +206,10 @@ impl Shared {
         let answer = leases.try_acquire();
         unwinding.disarm();
         match answer {
-            Ok(Some(lease)) => Ok(leases.hold(claim, lease)),
+            Ok(Some(lease)) => {
+                leases.hold(&claim, lease);
+                Ok(claim)
+            }
             Ok(None) => Ok(claim),
             Err(reason) => {
                 self.give_back_unused(&claim);
@@ -221,11 +224,10 @@ impl Shared {
     }
 
     /// `claim`, about to be made a permit, holds `lease` until it goes
-    /// back: the claim to make it with.
-    pub(crate) fn hold_lease(&self, claim: Claim, lease: HeldLease) -> Claim {
-        match &self.leases {
-            Some(leases) => leases.hold(claim, lease),
-            None => claim,
+    /// back.
+    pub(crate) fn hold_lease(&self, claim: &Claim, lease: HeldLease) {
+        if let Some(leases) = &self.leases {
+            leases.hold(claim, lease);
         }
     }
 
@@ -309,7 +311,8 @@ impl Shared {
     /// the bytes of `share` (recorded on its slot already) are counted in.
     #[inline(always)]
     pub(crate) fn admitted(&self, claim: &Claim, share: u64) {
-        self.slots.count_admission();
+        // Counted first: a minute turned here is recorded without it.
+        self.observer.admitted();
         if claim.sample() {
             self.observer.rollups.see_in_flight(self.slots.in_flight());
         }
@@ -317,7 +320,6 @@ impl Shared {
         if self.observer.rollups.minute_turned(at.saturating_sub(1)) {
             self.turn_minute(at, 1);
         }
-        self.observer.admitted();
         if claim.reclaimed() || self.observer.has_hook() {
             self.admitted_events(claim, share);
         }
@@ -412,7 +414,8 @@ impl Shared {
     /// permits were leaked, and will never give them back.
     pub(crate) fn give_back_freed_leases(&self) {
         if let Some(leases) = &self.leases {
-            leases.give_back_freed(|index, word| self.slots.still_holds(index, word));
+            // A held word's deadline is never 0.
+            leases.give_back_freed(|index, word| self.slots.holds(index, word, 0));
         }
     }
 
@@ -420,7 +423,7 @@ impl Shared {
     /// whether it still held it: false if a reclaim or a reset freed it.
     #[inline(always)]
     pub(crate) fn release_permit(&self, claim: &Claim) -> bool {
-        if claim.holds_more() {
+        if self.leases.is_some() {
             self.give_back_lease(claim);
         }
         let released = self.slots.release(claim) > 0;
@@ -489,7 +492,8 @@ impl Shared {
     ) -> Result<Permit, ServiceSaturated> {
         let mut reserved = shared.slots.reserve_bytes(&claim, bytes);
         if !reserved {
-            let recovered = shared.slots.recover_expired_bytes(shared.clock.now());
+            // With their slots: the bytes of holders past their deadlines.
+            let recovered = shared.slots.reclaim_expired(shared.clock.now()) > 0;
             // Tried again whether or not this call recovered any: another
             // may have, between the first try and the sweep.
             reserved = shared.slots.reserve_bytes(&claim, bytes);
@@ -514,7 +518,7 @@ impl Shared {
     /// as admitted. If a reclaim or a reset freed its slots meanwhile, they
     /// were given back then, and this frees nothing.
     pub(crate) fn give_back_unused(&self, claim: &Claim) {
-        if claim.holds_more() {
+        if self.leases.is_some() {
             self.give_back_lease(claim);
         }
         self.slots.release(claim);
@@ -524,7 +528,7 @@ impl Shared {
 
     pub(super) fn totals(&self) -> Totals {
         self.report_reclaimed();
-        self.observer.totals(self.slots.claims())
+        self.observer.totals()
     }
 
     pub(crate) fn observer(&self) -> &Observer {

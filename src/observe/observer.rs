@@ -11,6 +11,7 @@ use std::time::Duration;
 pub(crate) struct Observer {
     hook: Option<Hook>,
     refusals: Refusals,
+    admitted: AtomicU64,
     reclaimed: AtomicU64,
     waits: AtomicU64,
     wait_nanos: AtomicU64,
@@ -41,6 +42,7 @@ impl Observer {
         Self {
             hook,
             refusals: Refusals::new(name, limit),
+            admitted: AtomicU64::new(0),
             reclaimed: AtomicU64::new(0),
             waits: AtomicU64::new(0),
             wait_nanos: AtomicU64::new(0),
@@ -67,12 +69,14 @@ impl Observer {
         self.hook.is_some()
     }
 
-    /// A permit was granted. Its event is
+    /// A permit was granted: counted. Its event is
     /// [`admitted_event`](Self::admitted_event), apart, since the hook may
     /// panic before the permit exists. (The slots it holds are counted by
     /// the slot table, which also keeps the in-flight gauge.)
     #[inline]
     pub(crate) fn admitted(&self) {
+        // Relaxed: a count, which publishes nothing.
+        self.admitted.fetch_add(1, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
         self.metrics.admitted.increment(1);
     }
@@ -238,10 +242,10 @@ impl Observer {
 
     /// The totals, `admitted` being how many calls the slot table counted
     /// in.
-    pub(crate) fn totals(&self, admitted: u64) -> Totals {
+    pub(crate) fn totals(&self) -> Totals {
         let rejected = |reason: ShedReason| self.refusals.count(reason);
         Totals {
-            admitted,
+            admitted: self.admitted.load(Ordering::Relaxed),
             rejected_limit: rejected(ShedReason::LimitReached),
             rejected_wait_expired: rejected(ShedReason::WaitExpired),
             rejected_too_many_waiting: rejected(ShedReason::TooManyWaiting),

@@ -1,7 +1,12 @@
-//! The bytes each holder reserved, recorded beside its ledger entry and
-//! tagged with the holder's generation, so that when a vanished holder's
-//! entry is reclaimed its bytes come back with it, and a holder that is
-//! merely late finds its record gone and gives back nothing twice.
+//! The byte budget: how many bytes admitted calls may hold, beside how many
+//! calls there are.
+//!
+//! One atomic word holds the bytes reserved. The bytes each holder reserved
+//! on its slot are recorded beside its ledger entry and tagged with the
+//! holder's generation, so that when a vanished holder's entry is
+//! reclaimed (or reset) its bytes come back with it, and a holder that is
+//! merely late finds its record gone and gives back nothing twice. Bytes
+//! split off into a reservation of their own come back when it is dropped.
 //!
 //! Every access to a record, and to the entry words they are checked
 //! against, is `SeqCst`: the holder, the sweep and the entry's next holder
@@ -10,8 +15,54 @@
 
 use crate::slots::ledger::{generation, GENERATION_BITS};
 use crate::slots::table::SlotTable;
-use crate::slots::{ByteBudget, Claim};
-use crate::sync::Ordering;
+use crate::slots::Claim;
+use crate::sync::{AtomicU64, Ordering};
+
+/// The largest byte budget, and share, a bulkhead accepts: what a slot's
+/// byte record can hold beside its generation (4 TiB).
+pub(crate) const MAX_BYTES: u64 = (1 << 42) - 1;
+
+#[derive(Debug)]
+pub(crate) struct ByteBudget {
+    max: u64,
+    reserved: AtomicU64,
+    /// The bytes each ledger entry's holder reserved, tagged with its
+    /// generation.
+    pub(super) records: Box<[AtomicU64]>,
+}
+
+impl ByteBudget {
+    /// A budget of `max` bytes for a ledger of `entries`.
+    pub(crate) fn new(max: u64, entries: usize) -> Self {
+        Self {
+            max: max.min(MAX_BYTES),
+            reserved: AtomicU64::new(0),
+            records: (0..entries).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Reserves `bytes`, if they fit within the budget beside what is
+    /// reserved already.
+    pub(crate) fn reserve(&self, bytes: u64) -> bool {
+        let max = self.max;
+        self.reserved
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |reserved| {
+                reserved.checked_add(bytes).filter(|&total| total <= max)
+            })
+            .is_ok()
+    }
+
+    /// Gives back `bytes` reserved earlier: each reservation once.
+    pub(crate) fn give_back(&self, bytes: u64) {
+        let before = self.reserved.fetch_sub(bytes, Ordering::SeqCst);
+        debug_assert!(before >= bytes, "bytes given back twice");
+    }
+
+    /// Bytes reserved now.
+    pub(crate) fn reserved(&self) -> u64 {
+        self.reserved.load(Ordering::SeqCst)
+    }
+}
 
 impl SlotTable {
     /// Reserves `bytes` of the budget for the holder of `claim` and records
@@ -117,18 +168,29 @@ impl SlotTable {
             budget.give_back(held >> GENERATION_BITS);
         }
     }
-
-    /// Gives back the bytes of every holder past its deadline, with its
-    /// slots, if a sweep is due; returns whether any came back.
-    #[cold]
-    pub(crate) fn recover_expired_bytes(&self, now: u64) -> bool {
-        self.budget.is_some() && self.reclaim_expired(now) > 0
-    }
 }
 
 #[cfg(all(test, not(tower_inflight_loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reserves_up_to_the_budget_and_no_further() {
+        let budget = ByteBudget::new(100, 0);
+        assert!(budget.reserve(60));
+        assert!(!budget.reserve(41));
+        assert!(budget.reserve(40));
+        budget.give_back(60);
+        assert_eq!(budget.reserved(), 40);
+    }
+
+    #[test]
+    fn an_overflowing_request_is_refused() {
+        let budget = ByteBudget::new(MAX_BYTES, 0);
+        assert!(budget.reserve(10));
+        assert!(!budget.reserve(u64::MAX));
+        assert_eq!(budget.reserved(), 10);
+    }
 
     const HOLD: u64 = 100;
 
@@ -157,11 +219,11 @@ mod tests {
         let table = table(2);
         let leaked = table.try_claim(1, Ordering::Relaxed).unwrap();
         assert!(table.reserve_bytes(&leaked, 800));
-        assert!(!table.recover_expired_bytes(HOLD), "not expired yet");
+        assert_eq!(table.reclaim_expired(HOLD), 0, "not expired yet");
         assert_eq!(table.bytes_reserved(), 800);
-        assert!(table.recover_expired_bytes(1 + HOLD));
+        assert_eq!(table.reclaim_expired(1 + HOLD), 1);
         assert_eq!((table.bytes_reserved(), table.in_flight()), (0, 0));
-        assert!(!table.recover_expired_bytes(1 + HOLD), "once only");
+        assert_eq!(table.reclaim_expired(1 + HOLD), 0, "once only");
         assert!(
             !table.unrecord_bytes(&leaked, 800),
             "the late holder finds nothing"
@@ -192,7 +254,7 @@ mod tests {
             "the sweep took the leaked bytes back"
         );
         assert!(table.reserve_bytes(&next, 700));
-        assert!(!table.recover_expired_bytes(1 + HOLD));
+        assert_eq!(table.reclaim_expired(1 + HOLD), 0);
         assert_eq!(table.bytes_reserved(), 700);
         assert!(
             table.unrecord_bytes(&next, 700),

@@ -1,5 +1,5 @@
 //! A claim: the ledger entry a caller holds and the exact word it wrote
-//! there, its weight, and three flags.
+//! there, its weight, and whether it took slots a sweep reclaimed.
 
 use std::num::NonZeroU64;
 
@@ -9,7 +9,7 @@ use std::num::NonZeroU64;
 pub(crate) struct Claim {
     word: NonZeroU64,
     /// The entry's index (low 21 bits), the weight less one (the next 20),
-    /// and `RECLAIMED`, `SAMPLE` and `HOLDS_MORE` in the top bits.
+    /// and `RECLAIMED` in the top bit.
     tagged_index: u64,
 }
 
@@ -17,24 +17,20 @@ const INDEX_BITS: u32 = 21;
 const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
 const WEIGHT_MASK: u64 = ((1 << 20) - 1) << INDEX_BITS;
 const RECLAIMED: u64 = 1 << 63;
-const SAMPLE: u64 = 1 << 62;
-const HOLDS_MORE: u64 = 1 << 61;
+
+/// A claim samples the slots held (for the minute's peak, and for the
+/// hold-time histogram) when its word's generation, masked with this, is
+/// 1: the first claim of each entry, and one in 32 after (a claim and its
+/// release each bump the generation).
+const SAMPLE_MASK: u64 = 63;
 
 impl Claim {
     #[inline(always)]
-    pub(super) fn new(
-        index: usize,
-        word: u64,
-        weight: usize,
-        sample: bool,
-        reclaimed: bool,
-    ) -> Self {
+    pub(super) fn new(index: usize, word: u64, weight: usize, reclaimed: bool) -> Self {
         // A held word is never 0: its deadline is at least 1.
         let word = NonZeroU64::new(word).unwrap_or(NonZeroU64::MIN);
-        let tagged_index = index as u64
-            | ((weight as u64 - 1) << INDEX_BITS)
-            | (u64::from(sample) * SAMPLE)
-            | (u64::from(reclaimed) * RECLAIMED);
+        let tagged_index =
+            index as u64 | ((weight as u64 - 1) << INDEX_BITS) | (u64::from(reclaimed) * RECLAIMED);
         Self { word, tagged_index }
     }
 
@@ -64,19 +60,6 @@ impl Claim {
     /// This claim is one of those chosen to sample how many slots are held.
     #[inline]
     pub(crate) fn sample(&self) -> bool {
-        self.tagged_index & SAMPLE != 0
-    }
-
-    /// Its holder holds something beside its slots (a ceiling's lease),
-    /// kept by its bulkhead and given back with it: a flag in hand, so that
-    /// a claim without one is released without a look for it.
-    #[inline]
-    pub(crate) fn holds_more(&self) -> bool {
-        self.tagged_index & HOLDS_MORE != 0
-    }
-
-    pub(crate) fn holding_more(mut self) -> Self {
-        self.tagged_index |= HOLDS_MORE;
-        self
+        self.word.get() & SAMPLE_MASK == 1
     }
 }

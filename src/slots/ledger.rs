@@ -138,25 +138,17 @@ impl Ledger {
 
     /// Frees every entry past its deadline at `now`, if a sweep is due,
     /// handing each freed word to `freed_one` (under the sweep's lock).
-    /// Returns how many it freed. Callers that arrive while one sweeps wait
-    /// for it, then find nothing due: none is shed beside an expired entry
-    /// that a sweep is about to free.
+    /// Callers that arrive while one sweeps wait for it, then find nothing
+    /// due: none is shed beside an expired entry that a sweep is about to
+    /// free.
     #[cold]
-    pub(super) fn sweep(
-        &self,
-        now: u64,
-        hold: u64,
-        mut freed_one: impl FnMut(usize, u64),
-    ) -> usize {
-        let mut count = 0;
+    pub(super) fn sweep(&self, now: u64, hold: u64, mut freed_one: impl FnMut(usize, u64)) {
         self.scan(now, hold, |index, word| {
             if self.free(index, word) {
                 freed_one(index, word);
-                count += 1;
             }
             true
         });
-        count
     }
 
     /// Whether any entry is past its deadline at `now`, without freeing it.

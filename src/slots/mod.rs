@@ -27,13 +27,12 @@
 //! (see `bytes`), so that a reclaim gives them back too.
 
 mod admission;
-mod budget;
 mod bytes;
 mod claim;
 mod ledger;
 mod table;
 
-pub(crate) use budget::{ByteBudget, MAX_BYTES};
+pub(crate) use bytes::{ByteBudget, MAX_BYTES};
 pub(crate) use claim::Claim;
 pub(crate) use ledger::MAX_DEADLINE;
 pub(crate) use table::{SlotTable, MAX_SLOTS};

@@ -14,12 +14,6 @@ type WeightedClaims = HashMap<(usize, u64), usize, BuildHasherDefault<DefaultHas
 /// The largest `limit` a bulkhead accepts.
 pub(crate) const MAX_SLOTS: usize = 1 << 20;
 
-/// A claim is chosen to sample the slots held (for the minute's peak, and
-/// for the hold-time histogram) when its word's generation, masked with
-/// this, is 1: the first claim of each entry, and one in 32 after (a
-/// claim and its release each bump the generation).
-const SAMPLE_MASK: u64 = 63;
-
 #[derive(Debug)]
 pub(crate) struct SlotTable {
     admission: Admission,
@@ -42,8 +36,6 @@ pub(crate) struct SlotTable {
     /// seed, which would take 16 bytes in every table; allocated by the
     /// first such claim.
     weighted: Mutex<Option<Box<WeightedClaims>>>,
-    /// Calls admitted, ever.
-    admitted: AtomicU64,
     /// Slots reclaimed by sweeps and not yet reported (see
     /// [`take_reclaimed`](Self::take_reclaimed)).
     reclaimed: AtomicUsize,
@@ -66,7 +58,6 @@ impl SlotTable {
             floor: AtomicU64::new(0),
             budget,
             weighted: Mutex::default(),
-            admitted: AtomicU64::new(0),
             reclaimed: AtomicUsize::new(0),
             #[cfg(feature = "metrics")]
             gauge: None,
@@ -106,13 +97,6 @@ impl SlotTable {
     /// nothing is admitted until the slots held are under it.
     pub(crate) fn set_limit(&self, limit: usize) {
         self.admission.set_limit(limit.clamp(1, self.len()));
-    }
-
-    /// Takes one slot, if one is free under the limit in force (after a
-    /// sweep, if one is due); the load that decides is made with `order`.
-    #[cfg(test)]
-    pub(crate) fn try_claim(&self, now: u64, order: Ordering) -> Option<Claim> {
-        self.try_claim_weighted(now, 1, order)
     }
 
     /// Takes `weight` slots together, or none.
@@ -162,7 +146,7 @@ impl SlotTable {
                 .insert((index, word), weight);
             (index, word)
         };
-        Claim::new(index, word, weight, word & SAMPLE_MASK == 1, reclaimed)
+        Claim::new(index, word, weight, reclaimed)
     }
 
     /// Frees the claim's slots if its entry still holds the word it wrote.
@@ -195,12 +179,6 @@ impl SlotTable {
     /// is held), without freeing any.
     pub(crate) fn holds_only_expired(&self, now: u64) -> bool {
         self.in_flight() == 0 || (self.ledger.sweep_due(now) && self.ledger.holds_only_expired(now))
-    }
-
-    /// Whether a sweep is due: some claim may have passed its deadline.
-    #[cfg(all(test, not(tower_inflight_loom)))]
-    pub(crate) fn sweep_due(&self, now: u64) -> bool {
-        self.ledger.sweep_due(now)
     }
 
     /// Frees every claim past its deadline at `now`, with its bytes, if a
@@ -255,17 +233,6 @@ impl SlotTable {
         self.admission.fits(weight) || self.ledger.any_expired(now, self.hold)
     }
 
-    /// Counts the admission of a call that got its slots.
-    #[inline(always)]
-    pub(crate) fn count_admission(&self) {
-        self.admitted.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Admissions, ever.
-    pub(crate) fn claims(&self) -> u64 {
-        self.admitted.load(Ordering::Relaxed)
-    }
-
     /// Slots held: admitted or handed to a waiting caller, and not yet
     /// released, given back or reclaimed. One load.
     #[inline]
@@ -278,17 +245,11 @@ impl SlotTable {
         deadline(claim.word()).saturating_sub(self.hold)
     }
 
-    /// Whether `claim` still holds its entry at `now`: no reclaim or reset
-    /// has taken it over, and its deadline has not passed.
-    pub(crate) fn holds(&self, claim: &Claim, now: u64) -> bool {
-        deadline(claim.word()) > now
-            && self.ledger.entry(claim.index()).load(Ordering::SeqCst) == claim.word()
-    }
-
-    /// Whether entry `index` still holds `word`: the claim that wrote it
-    /// has been neither released nor freed by a sweep or a reset.
-    pub(crate) fn still_holds(&self, index: usize, word: u64) -> bool {
-        self.ledger.entry(index).load(Ordering::SeqCst) == word
+    /// Whether the claim that wrote `word` into entry `index` still holds
+    /// it at `now`: it has been neither released nor freed by a sweep or a
+    /// reset, and its deadline has not passed.
+    pub(crate) fn holds(&self, index: usize, word: u64, now: u64) -> bool {
+        deadline(word) > now && self.ledger.entry(index).load(Ordering::SeqCst) == word
     }
 
     /// Whether entry `index` is free: for tests.
@@ -296,9 +257,23 @@ impl SlotTable {
     pub(crate) fn is_released(&self, index: usize) -> bool {
         index < self.ledger.len() && deadline(self.ledger.entry(index).load(Ordering::SeqCst)) == 0
     }
+}
 
-    /// How many entries are held at `now`, by reading each: for tests.
-    #[cfg(test)]
+#[cfg(test)]
+impl SlotTable {
+    /// Takes one slot, if one is free under the limit in force (after a
+    /// sweep, if one is due); the load that decides is made with `order`.
+    pub(crate) fn try_claim(&self, now: u64, order: Ordering) -> Option<Claim> {
+        self.try_claim_weighted(now, 1, order)
+    }
+
+    /// Whether a sweep is due: some claim may have passed its deadline.
+    #[cfg(not(tower_inflight_loom))]
+    pub(crate) fn sweep_due(&self, now: u64) -> bool {
+        self.ledger.sweep_due(now)
+    }
+
+    /// How many entries are held at `now`, by reading each.
     pub(crate) fn held(&self, now: u64) -> usize {
         (0..self.ledger.len())
             .filter(|&index| deadline(self.ledger.entry(index).load(Ordering::SeqCst)) > now)
