@@ -21,7 +21,8 @@ pub(crate) struct Leases {
     /// The leases of the claims that hold one, by claim (its entry and the
     /// word it wrote, unique among claims): a permit carries no lease of
     /// its own, so that without a ceiling it is no larger. Each goes back
-    /// with its claim, which is marked as holding one.
+    /// with its claim: a bulkhead with a ceiling looks every claim up as it
+    /// goes back.
     held: Mutex<HashMap<(usize, u64), HeldLease>>,
     /// Wakes the callers asking for a lease when the bulkhead is closed or
     /// its waiting callers cancelled.

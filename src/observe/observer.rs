@@ -240,8 +240,7 @@ impl Observer {
         self.metrics.bytes_reserved.set(0.0);
     }
 
-    /// The totals, `admitted` being how many calls the slot table counted
-    /// in.
+    /// The totals, as this observer counted them.
     pub(crate) fn totals(&self) -> Totals {
         let rejected = |reason: ShedReason| self.refusals.count(reason);
         Totals {
