@@ -197,28 +197,14 @@ where
         KeyedHttpFuture {
             kind: Kind::Waiting {
                 future: Box::pin(async move {
-                    let mut permit = match keyed.acquire_after(&key, held).await {
-                        Ok(permit) => permit,
-                        Err(shed) => return Ok(refusal(&shed).map(ResponseBody::refusal)),
-                    };
-                    permit.ignore_unless_recorded();
-                    let response = match ready.call(request).await {
-                        Ok(response) => response,
-                        Err(error) => {
-                            permit.record_error(&error);
-                            return Err(error);
-                        }
-                    };
-                    permit.record(crate::http::outcome_of(&response));
-                    Ok(response.map(|body| ResponseBody::streaming(body, keyed_in_flight(permit))))
+                    match keyed.acquire_after(&key, held).await {
+                        Ok(permit) => KeyedHttpFuture::called(ready.call(request), permit).await,
+                        Err(shed) => Ok(refusal(&shed).map(ResponseBody::refusal)),
+                    }
                 }),
             },
         }
     }
-}
-
-fn keyed_in_flight(permit: KeyedPermit) -> Option<InFlight> {
-    Some(InFlight::Keyed(permit))
 }
 
 type Waiting<B, E> = Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
@@ -285,8 +271,7 @@ where
                     (_, None) => {}
                 }
                 Poll::Ready(output.map(|response| {
-                    response
-                        .map(|body| ResponseBody::streaming(body, permit.and_then(keyed_in_flight)))
+                    response.map(|body| ResponseBody::streaming(body, permit.map(InFlight::Keyed)))
                 }))
             }
             KindProj::Waiting { future } => future.as_mut().poll(cx),

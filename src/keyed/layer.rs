@@ -171,12 +171,8 @@ where
         let mut ready = take_ready(&mut self.inner);
         let keyed = self.keyed.clone();
         KeyedFuture::waiting(Box::pin(async move {
-            let mut permit = keyed.acquire_after(&key, held).await?;
-            permit.ignore_unless_recorded();
-            let response = ready.call(request).await.map_err(Into::into);
-            permit.record_result(response.as_ref());
-            drop(permit);
-            response
+            let permit = keyed.acquire_after(&key, held).await?;
+            KeyedFuture::called(ready.call(request), permit).await
         }))
     }
 }
