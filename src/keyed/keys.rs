@@ -15,12 +15,12 @@
 
 use crate::bulkhead::Clock;
 use crate::keyed::key::{Entry, KeyMaker};
-use crate::keyed::shards::shard_of;
+use crate::keyed::shards::{shard_of, ShardHasher};
 use crate::keyed::KeyStatus;
 use crate::sync::{read, write, AtomicU64, AtomicUsize, Ordering, RwLock};
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, Hash};
 use std::time::Duration;
 
 /// How many keys one search for room may look at to find one to evict, so
@@ -59,9 +59,9 @@ struct Shard<K> {
 }
 
 struct Map<K> {
-    /// The first slot of each hash. Its keys are hashes already, hashed as
-    /// they are (see `Passthrough`): the map runs no key's own code.
-    first: HashMap<u64, usize, BuildHasherDefault<Passthrough>>,
+    /// The first slot of each hash. Its keys are hashes already, hashed
+    /// again by the cheap shard hasher: the map runs no key's own code.
+    first: HashMap<u64, usize, BuildHasherDefault<ShardHasher>>,
     slots: Vec<Slot<K>>,
     /// The hashes of the keys being made outside the lock, each holding a
     /// place (counted in `Keys::places`). A second caller of a key being
@@ -539,25 +539,6 @@ fn room_to_keep(room: usize, len: usize) -> Option<usize> {
     const KEPT: usize = 16;
     let held = len.max(KEPT);
     (room > 2 * held).then_some(held + held / 2)
-}
-
-/// Hashes a key's hash (a `u64` already: a `RandomState`'s, so a map of keys
-/// resists keys chosen to collide as much as a plain map does) to itself.
-#[derive(Default)]
-struct Passthrough(u64);
-
-impl Hasher for Passthrough {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, _: &[u8]) {
-        unreachable!("a map of keys hashes `u64`s alone");
-    }
-
-    fn write_u64(&mut self, hash: u64) {
-        self.0 = hash;
-    }
 }
 
 /// One of the `max_keys` places, taken for a new key: given back when

@@ -43,8 +43,9 @@ pub(crate) fn shard_of<K: Hash + ?Sized>(key: &K, count: usize) -> usize {
 }
 
 /// A multiply-and-rotate hash (as rustc's `FxHasher`), for picking a
-/// shard.
-struct ShardHasher(u64);
+/// shard, and for the maps' keys, which are the keys' hashes already.
+#[derive(Default)]
+pub(crate) struct ShardHasher(u64);
 
 impl ShardHasher {
     /// An odd constant with well-spread bits (the golden ratio's).
