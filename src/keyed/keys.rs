@@ -166,8 +166,6 @@ pub(crate) struct Keys<K> {
     /// The keys' manual clock (in tests), or a precise one, for the while
     /// the searches are short.
     clock: Clock,
-    /// `SHORT_SEARCHES_FOR`, in ticks of `clock`.
-    short_searches_for: u64,
     sweep: Sweep,
 }
 
@@ -214,7 +212,6 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             max_keys,
             evicted: AtomicU64::new(0),
             make,
-            short_searches_for: clock.ticks(SHORT_SEARCHES_FOR),
             clock,
             sweep: Sweep::default(),
         }
@@ -307,15 +304,12 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             // bulkhead. If they panic, the maker gives its place back.
             let (entry, copy) = (self.make.entry(key), key.clone());
             let mut map = write(shard);
-            if let Some(entry) = map.find(hash, key) {
-                // Made meanwhile, on the place held for its hash: ours goes.
-                if let Some(maker) = maker {
-                    maker.done();
-                }
+            let made_meanwhile = map.find(hash, key);
+            // Back under the lock: the maker's place is settled here.
+            std::mem::forget(maker);
+            if let Some(entry) = made_meanwhile {
+                // Made on the place held for its hash: ours goes.
                 return Some(found(entry));
-            }
-            if let Some(maker) = maker {
-                maker.done();
             }
             // The place held for the key, whoever holds it (a second caller
             // takes the place of a maker not back yet, which then finds the
@@ -338,8 +332,8 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     /// A place for a new key: one of the `max_keys` free, or the place of an
     /// idle key, evicted. `None`, counted as refused, if there is neither.
     fn room(&self) -> Option<Place<'_, K>> {
-        if self.take_free_place() {
-            return Some(Place { keys: self });
+        if let Some(place) = self.free_place() {
+            return Some(place);
         }
         // A search whose key was evicted by a racing search, or taken up
         // by a caller, meanwhile looks again from where the searches
@@ -361,8 +355,8 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             drop(map);
             // The racing search's key may have gone for good, freeing a
             // place.
-            if self.take_free_place() {
-                return Some(Place { keys: self });
+            if let Some(place) = self.free_place() {
+                return Some(place);
             }
         }
         // Relaxed: a count.
@@ -426,7 +420,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             let now = self.clock.now();
             // A clock at its last tick reads the same for good: no while.
             if !Clock::has_stopped(now) {
-                let until = now.saturating_add(self.short_searches_for);
+                let until = now.saturating_add(self.clock.ticks(SHORT_SEARCHES_FOR));
                 self.sweep.short_until.store(until, Ordering::Relaxed);
             }
         }
@@ -458,14 +452,15 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     }
 
     /// Takes one of the `max_keys` places if one is free.
-    fn take_free_place(&self) -> bool {
+    fn free_place(&self) -> Option<Place<'_, K>> {
         // Relaxed: a count, which publishes nothing; what a place guards is
         // under a shard's lock.
         self.places
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |places| {
                 (places < self.max_keys).then_some(places + 1)
             })
-            .is_ok()
+            .ok()
+            .map(|_| Place { keys: self })
     }
 
     /// Keys of `template` alone, with no function per key.
@@ -567,13 +562,6 @@ struct Maker<'a, K> {
     keys: &'a Keys<K>,
     shard: &'a RwLock<Map<K>>,
     hash: u64,
-}
-
-impl<K> Maker<'_, K> {
-    /// Back with the key made, under the lock: the place is settled there.
-    fn done(self) {
-        std::mem::forget(self);
-    }
 }
 
 impl<K> Drop for Maker<'_, K> {
