@@ -533,10 +533,11 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             }
         };
         let Some(ceiling) = &self.inner.ceiling else {
-            held.granted.renew().map_err(|shed| self.by_key(shed))?;
-            return Ok(KeyedPermit::alone(
-                held.admit().map_err(|shed| self.by_key(shed))?,
-            ));
+            let key = held
+                .granted
+                .into_permit(0)
+                .map_err(|shed| self.by_key(shed))?;
+            return Ok(KeyedPermit::alone(key));
         };
         // The ceiling's slot outlives the caller's turn, so that a caller
         // who gives up (or is shed below) leaves its place in turn before a
@@ -563,9 +564,15 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             in_line.as_mut().project().waiting.served = renewed.is_ok();
         }
         renewed?;
+        // The key's permit is made before the line's `Arc`, which kept the
+        // key from eviction, goes.
+        let key = held
+            .granted
+            .into_renewed_permit(0)
+            .map_err(|shed| self.by_key(shed))?;
         let count = held.line.count_with_ceiling();
         Ok(KeyedPermit::with_ceiling(
-            held.admit().map_err(|shed| self.by_key(shed))?,
+            key,
             ceiling_slot.into_renewed_permit(0)?,
             count,
         ))
@@ -582,7 +589,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             .get(key, |entry| entry.bulkhead.clone())
             .map(|bulkhead| self.by_key(bulkhead.shed_now(reason)))
             // Evicted meanwhile: its bulkhead is gone, and so is its record.
-            .unwrap_or_else(|| self.unrecorded(reason))
+            .unwrap_or_else(|| self.by_key(self.unrecorded(reason)))
     }
 
     /// `shed`, made by a key's own bulkhead: marked so, and named after
@@ -596,12 +603,12 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
     /// per-key configuration names its keys.
     fn unrecorded(&self, reason: ShedReason) -> ServiceSaturated {
         let per_key = &self.inner.per_key;
-        self.by_key(ServiceSaturated::new(
+        ServiceSaturated::new(
             per_key.name.clone(),
             per_key.limit,
             reason,
             per_key.retry_after,
-        ))
+        )
     }
 
     #[cold]
@@ -611,15 +618,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         match &self.inner.ceiling {
             Some(ceiling) => ceiling.shed_now(ShedReason::TooManyKeys),
             // The keyed bulkhead's own refusal, not a key's.
-            None => {
-                let per_key = &self.inner.per_key;
-                ServiceSaturated::new(
-                    per_key.name.clone(),
-                    per_key.limit,
-                    ShedReason::TooManyKeys,
-                    per_key.retry_after,
-                )
-            }
+            None => self.unrecorded(ShedReason::TooManyKeys),
         }
     }
 
@@ -754,15 +753,6 @@ pub(crate) struct HeldKey {
     granted: Granted,
     bulkhead: Bulkhead,
     line: Arc<KeyLine>,
-}
-
-impl HeldKey {
-    /// The key's permit, counted as admitted, once its grant is renewed
-    /// (its slot may be a fresh one), made before the line's `Arc`, which
-    /// kept the key from eviction, goes.
-    fn admit(self) -> Result<Permit, ServiceSaturated> {
-        self.granted.into_renewed_permit(0)
-    }
 }
 
 /// The slots `acquire` waits for, granted but not yet made a permit.
