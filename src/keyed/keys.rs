@@ -332,13 +332,17 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     /// A place for a new key: one of the `max_keys` free, or the place of an
     /// idle key, evicted. `None`, counted as refused, if there is neither.
     fn room(&self) -> Option<Place<'_, K>> {
-        if let Some(place) = self.free_place() {
-            return Some(place);
-        }
         // A search whose key was evicted by a racing search, or taken up
         // by a caller, meanwhile looks again from where the searches
-        // stopped: each such loss is another caller's progress.
-        while let Some((at, slot, hash)) = self.idle_key() {
+        // stopped: each such loss is another caller's progress. (The racing
+        // search's key may have gone for good, freeing a place.)
+        loop {
+            if let Some(place) = self.free_place() {
+                return Some(place);
+            }
+            let Some((at, slot, hash)) = self.idle_key() else {
+                break;
+            };
             let mut map = write(&self.shards[at].map);
             // Still there, and idle now that nobody can find it: a caller
             // that found it under the read lock has taken its slot, or its
@@ -351,12 +355,6 @@ impl<K: Hash + Eq + Clone> Keys<K> {
                 let slot = map.remove(slot);
                 drop(map);
                 return Some(self.evict(slot));
-            }
-            drop(map);
-            // The racing search's key may have gone for good, freeing a
-            // place.
-            if let Some(place) = self.free_place() {
-                return Some(place);
             }
         }
         // Relaxed: a count.
