@@ -2,12 +2,12 @@
 //! head, `503` with `Retry-After` for a shed request, the slots held until
 //! the response body ends.
 
-use crate::error::ServiceSaturated;
 use crate::http::body::InFlight;
 use crate::http::response::refusal;
 use crate::http::ResponseBody;
 use crate::keyed::bulkhead::Start;
-use crate::keyed::{KeyedBulkhead, KeyedConfig, KeyedPermit};
+use crate::keyed::layer::{Kind, KindProj};
+use crate::keyed::{KeyedBulkhead, KeyedConfig};
 use crate::tower::take_ready;
 use bytes::Bytes;
 use http::request::Parts;
@@ -187,23 +187,23 @@ where
         let request = Request::from_parts(parts, Limited::new(body, usize::MAX));
         let held = match self.keyed.start(&key) {
             Start::Admitted(permit) => {
-                return KeyedHttpFuture::called(self.inner.call(request), permit)
+                return KeyedHttpFuture::new(Kind::called(self.inner.call(request), permit))
             }
-            Start::Shed(shed) => return KeyedHttpFuture::refused(&shed),
+            Start::Shed(shed) => return KeyedHttpFuture::new(Kind::refused(refusal(&shed))),
             Start::Wait(held) => held,
         };
         let mut ready = take_ready(&mut self.inner);
         let keyed = self.keyed.clone();
-        KeyedHttpFuture {
-            kind: Kind::Waiting {
-                future: Box::pin(async move {
-                    match keyed.acquire_after(&key, held).await {
-                        Ok(permit) => KeyedHttpFuture::called(ready.call(request), permit).await,
-                        Err(shed) => Ok(refusal(&shed).map(ResponseBody::refusal)),
+        KeyedHttpFuture::new(Kind::Waiting {
+            future: Box::pin(async move {
+                match keyed.acquire_after(&key, held).await {
+                    Ok(permit) => {
+                        KeyedHttpFuture::new(Kind::called(ready.call(request), permit)).await
                     }
-                }),
-            },
-        }
+                    Err(shed) => Ok(refusal(&shed).map(ResponseBody::refusal)),
+                }
+            }),
+        })
     }
 }
 
@@ -215,36 +215,13 @@ pin_project! {
     /// them, or a refusal ready at once.
     pub struct KeyedHttpFuture<F, B, E> {
         #[pin]
-        kind: Kind<F, B, E>,
-    }
-}
-
-pin_project! {
-    #[project = KindProj]
-    enum Kind<F, B, E> {
-        Called { #[pin] future: F, permit: Option<KeyedPermit> },
-        Waiting { future: Waiting<B, E> },
-        Refused { response: Option<Response<Bytes>> },
+        kind: Kind<F, Waiting<B, E>, Response<Bytes>>,
     }
 }
 
 impl<F, B, E> KeyedHttpFuture<F, B, E> {
-    fn called(future: F, mut permit: KeyedPermit) -> Self {
-        permit.ignore_unless_recorded();
-        Self {
-            kind: Kind::Called {
-                future,
-                permit: Some(permit),
-            },
-        }
-    }
-
-    fn refused(shed: &ServiceSaturated) -> Self {
-        Self {
-            kind: Kind::Refused {
-                response: Some(refusal(shed)),
-            },
-        }
+    fn new(kind: Kind<F, Waiting<B, E>, Response<Bytes>>) -> Self {
+        Self { kind }
     }
 }
 
@@ -275,8 +252,8 @@ where
                 }))
             }
             KindProj::Waiting { future } => future.as_mut().poll(cx),
-            KindProj::Refused { response } => {
-                let response = response
+            KindProj::Refused { refusal } => {
+                let response = refusal
                     .take()
                     .expect("`KeyedHttpFuture` polled after completion");
                 Poll::Ready(Ok(response.map(ResponseBody::refusal)))

@@ -163,21 +163,52 @@ where
         let key = (self.key_of)(&request);
         let held = match self.keyed.start(&key) {
             Start::Admitted(permit) => {
-                return KeyedFuture::called(self.inner.call(request), permit)
+                return KeyedFuture::new(Kind::called(self.inner.call(request), permit))
             }
-            Start::Shed(shed) => return KeyedFuture::shed(shed),
+            Start::Shed(shed) => return KeyedFuture::new(Kind::refused(shed)),
             Start::Wait(held) => held,
         };
         let mut ready = take_ready(&mut self.inner);
         let keyed = self.keyed.clone();
-        KeyedFuture::waiting(Box::pin(async move {
-            let permit = keyed.acquire_after(&key, held).await?;
-            KeyedFuture::called(ready.call(request), permit).await
-        }))
+        KeyedFuture::new(Kind::Waiting {
+            future: Box::pin(async move {
+                let permit = keyed.acquire_after(&key, held).await?;
+                KeyedFuture::new(Kind::called(ready.call(request), permit)).await
+            }),
+        })
     }
 }
 
 type Waiting<T> = Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send>>;
+
+pin_project! {
+    /// What the response future of a keyed service is: the inner call
+    /// holding its slots, a call waiting for them (`W`, boxed), or a refusal
+    /// (`R`) ready at once.
+    #[project = KindProj]
+    pub(crate) enum Kind<F, W, R> {
+        Called { #[pin] future: F, permit: Option<KeyedPermit> },
+        Waiting { future: W },
+        Refused { refusal: Option<R> },
+    }
+}
+
+impl<F, W, R> Kind<F, W, R> {
+    /// The inner call, holding `permit`'s slots until it is done.
+    pub(crate) fn called(future: F, mut permit: KeyedPermit) -> Self {
+        permit.ignore_unless_recorded();
+        Self::Called {
+            future,
+            permit: Some(permit),
+        }
+    }
+
+    pub(crate) fn refused(refusal: R) -> Self {
+        Self::Refused {
+            refusal: Some(refusal),
+        }
+    }
+}
 
 pin_project! {
     /// Future for [`KeyedConcurrency`]'s responses: the inner call holding
@@ -185,40 +216,13 @@ pin_project! {
     /// once.
     pub struct KeyedFuture<F, T> {
         #[pin]
-        kind: Kind<F, T>,
-    }
-}
-
-pin_project! {
-    #[project = KindProj]
-    enum Kind<F, T> {
-        Called { #[pin] future: F, permit: Option<KeyedPermit> },
-        Waiting { future: Waiting<T> },
-        Shed { shed: Option<ServiceSaturated> },
+        kind: Kind<F, Waiting<T>, ServiceSaturated>,
     }
 }
 
 impl<F, T> KeyedFuture<F, T> {
-    fn called(future: F, mut permit: KeyedPermit) -> Self {
-        permit.ignore_unless_recorded();
-        Self {
-            kind: Kind::Called {
-                future,
-                permit: Some(permit),
-            },
-        }
-    }
-
-    fn waiting(future: Waiting<T>) -> Self {
-        Self {
-            kind: Kind::Waiting { future },
-        }
-    }
-
-    fn shed(shed: ServiceSaturated) -> Self {
-        Self {
-            kind: Kind::Shed { shed: Some(shed) },
-        }
+    fn new(kind: Kind<F, Waiting<T>, ServiceSaturated>) -> Self {
+        Self { kind }
     }
 }
 
@@ -241,8 +245,10 @@ where
                 Poll::Ready(output)
             }
             KindProj::Waiting { future } => future.as_mut().poll(cx),
-            KindProj::Shed { shed } => {
-                let shed = shed.take().expect("`KeyedFuture` polled after completion");
+            KindProj::Refused { refusal } => {
+                let shed = refusal
+                    .take()
+                    .expect("`KeyedFuture` polled after completion");
                 Poll::Ready(Err(shed.into()))
             }
         }
@@ -254,7 +260,7 @@ impl<F, T> fmt::Debug for KeyedFuture<F, T> {
         let kind = match &self.kind {
             Kind::Called { .. } => "called",
             Kind::Waiting { .. } => "waiting",
-            Kind::Shed { .. } => "shed",
+            Kind::Refused { .. } => "shed",
         };
         f.debug_struct("KeyedFuture").field("kind", &kind).finish()
     }
