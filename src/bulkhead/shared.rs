@@ -173,7 +173,7 @@ impl Shared {
     /// the refusal is built in the caller's own `Result`: built in a
     /// `Result<Claim, _>` and then mapped, its 48 bytes would be copied
     /// with wide loads that stall on the narrow stores that have just
-    /// written them (store forwarding), about a third of a shed's time.
+    /// written them (store forwarding).
     #[inline(always)]
     pub(crate) fn claim_weighted_or_shed<T>(
         &self,
@@ -231,21 +231,20 @@ impl Shared {
         }
     }
 
-    /// Gives back the lease `claim` holds: before its slots, so that a
-    /// local caller handed them asks for its own lease after this one is
-    /// given back.
+    /// Gives back the lease `claim` holds, if it holds one: before its
+    /// slots, so that a local caller handed them asks for its own lease
+    /// after this one is given back. Cold: a bulkhead without a ceiling
+    /// never calls it.
     #[cold]
-    fn give_back_lease(&self, claim: &Claim) {
-        if let Some(leases) = &self.leases {
-            // The slots go back if the lease's drop (the ceiling's code)
-            // panics, which skips the caller's release of them.
-            let unwinding = OnUnwind::new(|| {
-                self.slots.release(claim);
-                self.waiters.after_release(&self.slots, &self.clock);
-            });
-            leases.give_back(claim);
-            unwinding.disarm();
-        }
+    fn give_back_lease(&self, leases: &Leases, claim: &Claim) {
+        // The slots go back if the lease's drop (the ceiling's code)
+        // panics, which skips the caller's release of them.
+        let unwinding = OnUnwind::new(|| {
+            self.slots.release(claim);
+            self.waiters.after_release(&self.slots, &self.clock);
+        });
+        leases.give_back(claim);
+        unwinding.disarm();
     }
 
     /// Turns away the callers asking for a lease: the bulkhead was closed
@@ -423,8 +422,8 @@ impl Shared {
     /// whether it still held it: false if a reclaim or a reset freed it.
     #[inline(always)]
     pub(crate) fn release_permit(&self, claim: &Claim) -> bool {
-        if self.leases.is_some() {
-            self.give_back_lease(claim);
+        if let Some(leases) = &self.leases {
+            self.give_back_lease(leases, claim);
         }
         let released = self.slots.release(claim) > 0;
         if released {
@@ -518,8 +517,8 @@ impl Shared {
     /// as admitted. If a reclaim or a reset freed its slots meanwhile, they
     /// were given back then, and this frees nothing.
     pub(crate) fn give_back_unused(&self, claim: &Claim) {
-        if self.leases.is_some() {
-            self.give_back_lease(claim);
+        if let Some(leases) = &self.leases {
+            self.give_back_lease(leases, claim);
         }
         self.slots.release(claim);
         self.waiters.after_release(&self.slots, &self.clock);

@@ -252,8 +252,8 @@ where
                 }))
             }
             KindProj::Waiting { future } => future.as_mut().poll(cx),
-            KindProj::Refused { refusal } => {
-                let response = refusal
+            KindProj::Refused { refusal: response } => {
+                let response = response
                     .take()
                     .expect("`KeyedHttpFuture` polled after completion");
                 Poll::Ready(Ok(response.map(ResponseBody::refusal)))
