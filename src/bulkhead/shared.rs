@@ -311,6 +311,8 @@ impl Shared {
     #[inline(always)]
     pub(crate) fn admitted(&self, claim: &Claim, share: u64) {
         // Counted first: a minute turned here is recorded without it.
+        // Relaxed: a count, which publishes nothing.
+        self.slots.admitted().fetch_add(1, Ordering::Relaxed);
         self.observer.admitted();
         if claim.sample() {
             self.observer.rollups.see_in_flight(self.slots.in_flight());
@@ -527,7 +529,8 @@ impl Shared {
 
     pub(super) fn totals(&self) -> Totals {
         self.report_reclaimed();
-        self.observer.totals()
+        self.observer
+            .totals(self.slots.admitted().load(Ordering::Relaxed))
     }
 
     pub(crate) fn observer(&self) -> &Observer {

@@ -11,7 +11,6 @@ use std::time::Duration;
 pub(crate) struct Observer {
     hook: Option<Hook>,
     refusals: Refusals,
-    admitted: AtomicU64,
     reclaimed: AtomicU64,
     waits: AtomicU64,
     wait_nanos: AtomicU64,
@@ -42,7 +41,6 @@ impl Observer {
         Self {
             hook,
             refusals: Refusals::new(name, limit),
-            admitted: AtomicU64::new(0),
             reclaimed: AtomicU64::new(0),
             waits: AtomicU64::new(0),
             wait_nanos: AtomicU64::new(0),
@@ -69,14 +67,13 @@ impl Observer {
         self.hook.is_some()
     }
 
-    /// A permit was granted: counted. Its event is
+    /// A permit was granted: counted in the metrics. Its event is
     /// [`admitted_event`](Self::admitted_event), apart, since the hook may
-    /// panic before the permit exists. (The slots it holds are counted by
-    /// the slot table, which also keeps the in-flight gauge.)
+    /// panic before the permit exists. (The total of `Totals::admitted`,
+    /// and the slots it holds, are counted by the slot table, which also
+    /// keeps the in-flight gauge.)
     #[inline]
     pub(crate) fn admitted(&self) {
-        // Relaxed: a count, which publishes nothing.
-        self.admitted.fetch_add(1, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
         self.metrics.admitted.increment(1);
     }
@@ -240,11 +237,12 @@ impl Observer {
         self.metrics.bytes_reserved.set(0.0);
     }
 
-    /// The totals, as this observer counted them.
-    pub(crate) fn totals(&self) -> Totals {
+    /// The totals, as this observer counted them, with the `admitted`
+    /// that the slot table counts.
+    pub(crate) fn totals(&self, admitted: u64) -> Totals {
         let rejected = |reason: ShedReason| self.refusals.count(reason);
         Totals {
-            admitted: self.admitted.load(Ordering::Relaxed),
+            admitted,
             rejected_limit: rejected(ShedReason::LimitReached),
             rejected_wait_expired: rejected(ShedReason::WaitExpired),
             rejected_too_many_waiting: rejected(ShedReason::TooManyWaiting),

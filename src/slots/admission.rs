@@ -27,11 +27,18 @@ const LIMIT_SHIFT: u32 = FIELD_BITS;
 const RECLAIMED_SHIFT: u32 = 2 * FIELD_BITS;
 const RECLAIMED_ONE: u64 = 1 << RECLAIMED_SHIFT;
 
+/// The word, and beside it on one cache line the total of claims admitted,
+/// which every admission writes too: on lines of their own, two cores
+/// taking slots at once would pass two lines back and forth, not one.
 #[derive(Debug)]
+#[repr(C, align(16))]
 pub(super) struct Admission {
     /// Slots held (low 21 bits), the limit in force (the next 21), and
     /// slots freed by reclaim that no claim has taken since (the top 22).
     word: AtomicU64,
+    /// Claims admitted, by any path: counted by the bulkhead as it makes
+    /// each permit.
+    pub(super) admitted: AtomicU64,
 }
 
 fn limit_of(word: u64) -> u64 {
@@ -42,6 +49,7 @@ impl Admission {
     pub(super) fn new(limit: usize) -> Self {
         Self {
             word: AtomicU64::new((limit as u64) << LIMIT_SHIFT),
+            admitted: AtomicU64::new(0),
         }
     }
 

@@ -233,6 +233,13 @@ impl SlotTable {
         self.admission.fits(weight) || self.ledger.any_expired(now, self.hold)
     }
 
+    /// The claims admitted since the table was made, beside the admission
+    /// word (see `admission`): counted by the bulkhead as it makes each
+    /// permit, since a claim given back unused is no admission.
+    pub(crate) fn admitted(&self) -> &AtomicU64 {
+        &self.admission.admitted
+    }
+
     /// Slots held: admitted or handed to a waiting caller, and not yet
     /// released, given back or reclaimed. One load.
     #[inline]
