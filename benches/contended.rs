@@ -12,16 +12,25 @@
 //! better; with perfect scaling it would be half the single-threaded
 //! `fast_path` figure, with no scaling at all the same as it).
 //!
-//! Run with `CARGO_TARGET_DIR=/work/target-bench cargo bench --bench contended`.
+//! `contended_shed` does the same with both threads shedding;
+//! `contended_layer` makes round trips through each thread's clone of one
+//! service behind this crate's layer, and behind tower's
+//! `ConcurrencyLimit`.
+//!
+//! Run with `cargo bench --bench contended`.
 
 mod support;
 
 use criterion::{black_box, criterion_main, Criterion};
+use futures_util::FutureExt;
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
+use support::Echo;
 use tokio::sync::Semaphore;
-use tower_inflight::{Bulkhead, Config};
+use tower::limit::ConcurrencyLimitLayer;
+use tower::{Layer, Service, ServiceExt};
+use tower_inflight::{Bulkhead, ConcurrencyLayer, Config};
 
 const LIMIT: usize = 25;
 const THREADS: u64 = 2;
@@ -32,17 +41,27 @@ fn run_threads<F>(iters: u64, op: F) -> Duration
 where
     F: Fn() + Sync,
 {
+    run_threads_with(iters, || (), |()| op())
+}
+
+/// [`run_threads`] with a state of each thread's own, made by `each` as
+/// the thread starts: a clone of a service, whose `call` takes `&mut self`.
+fn run_threads_with<T, F>(iters: u64, each: impl Fn() -> T + Sync, op: F) -> Duration
+where
+    F: Fn(&mut T) + Sync,
+{
     let barrier = Barrier::new(THREADS as usize);
     let spans: Vec<(Instant, Instant)> = thread::scope(|scope| {
         let workers: Vec<_> = (0..THREADS)
             .map(|thread| {
                 let share = iters / THREADS + u64::from(thread < iters % THREADS);
-                let (barrier, op) = (&barrier, &op);
+                let (barrier, each, op) = (&barrier, &each, &op);
                 scope.spawn(move || {
+                    let mut state = each();
                     barrier.wait();
                     let start = Instant::now();
                     for _ in 0..share {
-                        op();
+                        op(&mut state);
                     }
                     (start, Instant::now())
                 })
@@ -131,12 +150,38 @@ fn contended_shed(c: &mut Criterion) {
     group.finish();
 }
 
+/// A `ready` + `call` round trip through each thread's clone of one
+/// layered service, polled once with a no-op waker (no runtime): this
+/// crate's layer beside tower's `ConcurrencyLimit`, whose clones share one
+/// semaphore.
+fn contended_layer(c: &mut Criterion) {
+    let mut group = c.benchmark_group("contended_layer");
+    fn round_trip<S: Service<u64, Response = u64>>(service: &mut S) {
+        let response = async { service.ready().await.ok()?.call(1).await.ok() }.now_or_never();
+        assert_eq!(
+            black_box(response),
+            Some(Some(1)),
+            "the limit is never reached"
+        );
+    }
+    let ours = ConcurrencyLayer::new(Config::new(LIMIT, Duration::from_secs(30))).layer(Echo);
+    group.bench_function("ours", |b| {
+        b.iter_custom(|iters| run_threads_with(iters, || ours.clone(), round_trip))
+    });
+    let tower = ConcurrencyLimitLayer::new(LIMIT).layer(Echo);
+    group.bench_function("tower_concurrency_limit", |b| {
+        b.iter_custom(|iters| run_threads_with(iters, || tower.clone(), round_trip))
+    });
+    group.finish();
+}
+
 // What `criterion_group!` expands to, written out because the macro's
 // `pub fn` trips the crate's `missing_docs` lint.
 fn benches() {
     let mut criterion = support::criterion(Duration::from_secs(3));
     contended(&mut criterion);
     contended_shed(&mut criterion);
+    contended_layer(&mut criterion);
 }
 
 criterion_main!(benches);
