@@ -49,6 +49,7 @@ use tower_service::Service;
 /// let app: Router = Router::new().route("/", get(|| async { "ok" })).layer(tenants);
 /// # let _ = app;
 /// ```
+#[derive(Clone)]
 pub struct KeyedHttpConcurrencyLayer<K, F> {
     keyed: KeyedBulkhead<K>,
     key_of: F,
@@ -75,15 +76,6 @@ impl<K: Hash + Eq + Clone, F: Fn(&Parts) -> K> KeyedHttpConcurrencyLayer<K, F> {
     /// The keyed bulkhead shared by every service this layer wraps.
     pub fn bulkhead(&self) -> KeyedBulkhead<K> {
         self.keyed.clone()
-    }
-}
-
-impl<K, F: Clone> Clone for KeyedHttpConcurrencyLayer<K, F> {
-    fn clone(&self) -> Self {
-        Self {
-            keyed: self.keyed.clone(),
-            key_of: self.key_of.clone(),
-        }
     }
 }
 
@@ -123,6 +115,7 @@ impl<S, K, F: Clone> Layer<S> for KeyedHttpConcurrencyLayer<K, F> {
 /// [`http_body_util::Limited`], as behind
 /// [`HttpConcurrency`](crate::http::HttpConcurrency), so that one inner
 /// service takes either layer; no limit is set on it here.
+#[derive(Clone)]
 pub struct KeyedHttpConcurrency<S, K, F> {
     inner: S,
     keyed: KeyedBulkhead<K>,
@@ -138,16 +131,6 @@ impl<S, K, F> KeyedHttpConcurrency<S, K, F> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
-    }
-}
-
-impl<S: Clone, K, F: Clone> Clone for KeyedHttpConcurrency<S, K, F> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            keyed: self.keyed.clone(),
-            key_of: self.key_of.clone(),
-        }
     }
 }
 

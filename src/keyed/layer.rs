@@ -37,6 +37,7 @@ use tower_service::Service;
 /// assert_eq!(service.oneshot(("acme".into(), 7)).await.unwrap(), 7);
 /// # }
 /// ```
+#[derive(Clone)]
 pub struct KeyedConcurrencyLayer<K, F> {
     keyed: KeyedBulkhead<K>,
     key_of: F,
@@ -63,15 +64,6 @@ impl<K: Hash + Eq + Clone, F> KeyedConcurrencyLayer<K, F> {
     /// The keyed bulkhead shared by every service this layer wraps.
     pub fn bulkhead(&self) -> KeyedBulkhead<K> {
         self.keyed.clone()
-    }
-}
-
-impl<K, F: Clone> Clone for KeyedConcurrencyLayer<K, F> {
-    fn clone(&self) -> Self {
-        Self {
-            keyed: self.keyed.clone(),
-            key_of: self.key_of.clone(),
-        }
     }
 }
 
@@ -105,6 +97,7 @@ impl<S, K, F: Clone> Layer<S> for KeyedConcurrencyLayer<K, F> {
 /// future, holding no slot of its own key's until it gets one, with a clone
 /// of the ready inner service (which is why it must be `Clone`); any other is
 /// shed at once with [`ServiceSaturated`] in a [`BoxError`].
+#[derive(Clone)]
 pub struct KeyedConcurrency<S, K, F> {
     inner: S,
     keyed: KeyedBulkhead<K>,
@@ -120,16 +113,6 @@ impl<S, K, F> KeyedConcurrency<S, K, F> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
-    }
-}
-
-impl<S: Clone, K, F: Clone> Clone for KeyedConcurrency<S, K, F> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            keyed: self.keyed.clone(),
-            key_of: self.key_of.clone(),
-        }
     }
 }
 
