@@ -133,3 +133,21 @@ impl Admission {
             });
     }
 }
+
+#[cfg(all(test, not(tower_inflight_loom)))]
+mod tests {
+    use super::*;
+
+    /// The word and the admissions total are one 16-byte block at 16-byte
+    /// alignment: whatever the allocation, they never fall on two cache
+    /// lines.
+    #[test]
+    fn the_word_and_the_total_are_one_aligned_block() {
+        assert_eq!(std::mem::size_of::<Admission>(), 16);
+        assert_eq!(std::mem::align_of::<Admission>(), 16);
+        let admission = Admission::new(4);
+        let word = std::ptr::addr_of!(admission.word) as usize;
+        let total = std::ptr::addr_of!(admission.admitted) as usize;
+        assert_eq!((word % 16, total - word), (0, 8));
+    }
+}
