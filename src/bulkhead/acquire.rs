@@ -115,7 +115,7 @@ impl Acquire {
                 StateProj::Arriving => 'arriving: {
                     let shared = &**this.shared;
                     // Read only when a lease may be asked for again within
-                    // the budget: a clock read costs a shed 25 ns.
+                    // the budget: a precise clock read is no part of a shed.
                     if shared.has_ceiling() && shared.config().wait.is_some() {
                         *this.arrived = Some(tokio::time::Instant::now());
                     }
