@@ -74,16 +74,13 @@ struct Map<K> {
 impl<K: Eq> Map<K> {
     fn find(&self, hash: u64, key: &K) -> Option<&Entry> {
         let mut at = *self.first.get(&hash)?;
-        loop {
-            let slot = &self.slots[at];
-            if slot.key == *key {
-                return Some(&slot.entry);
-            }
-            at = slot.next;
+        while self.slots[at].key != *key {
+            at = self.slots[at].next;
             if at == NONE {
                 return None;
             }
         }
+        Some(&self.slots[at].entry)
     }
 }
 
@@ -189,7 +186,6 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     /// shards, a power of two (see
     /// [`shard_count`](crate::keyed::shards::shard_count)).
     pub(crate) fn new(make: KeyMaker<K>, max_keys: usize, shards: usize) -> Self {
-        debug_assert!(shards.is_power_of_two());
         // Not the coarse system clock: it moves once a scheduler tick (up to
         // 10 ms), longer than the while it would time. Read only as a search
         // for room begins or finds none.
@@ -347,14 +343,23 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             // Still there, and idle now that nobody can find it: a caller
             // that found it under the read lock has taken its slot, or its
             // line's `Arc`.
-            if map
-                .slots
-                .get(slot)
-                .is_some_and(|slot| slot.hash == hash && slot.entry.is_idle())
-            {
+            let still_idle = |slot: &Slot<K>| slot.hash == hash && slot.entry.is_idle();
+            if map.slots.get(slot).is_some_and(still_idle) {
                 let slot = map.remove(slot);
                 drop(map);
-                return Some(self.evict(slot));
+                // Relaxed: counts.
+                self.held.fetch_sub(1, Ordering::Relaxed);
+                self.evicted.fetch_add(1, Ordering::Relaxed);
+                // The place is this caller's, given back if the teardown
+                // panics (a key's `Drop`, a metrics hook). Slots still held
+                // are past their deadlines (leaked): forgotten, so that a
+                // key that reports metrics shows none in flight.
+                let place = Place { keys: self };
+                if slot.entry.bulkhead.in_flight() > 0 {
+                    slot.entry.bulkhead.reset();
+                }
+                drop(slot);
+                return Some(place);
             }
         }
         // Relaxed: a count.
@@ -369,7 +374,9 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     /// `SWEEP` keys, nor `SHORT_SEARCH` while the searches are short, and
     /// no key twice.
     fn idle_key(&self) -> Option<(usize, usize, u64)> {
-        let full = !self.short_searches();
+        // Relaxed: a hint to the cost of a search, which publishes nothing.
+        let short_until = self.sweep.short_until.load(Ordering::Relaxed);
+        let full = short_until == 0 || self.clock.now() >= short_until;
         // Not bounded by the keys held: counted apart from the shards, the
         // count may lag them.
         let most = if full { SWEEP } else { SHORT_SEARCH };
@@ -383,10 +390,8 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         // Every shard, and the first once more for the slots before `stop`.
         for round in 0..=count {
             let map = read(&self.shards[at].map);
-            let end = match round == count {
-                true => stop.min(map.slots.len()),
-                false => map.slots.len(),
-            };
+            let len = map.slots.len();
+            let end = if round < count { len } else { stop.min(len) };
             while let Some(next) = map.slots[..end].get(slot).filter(|_| looks < most) {
                 looks += 1;
                 slot += 1;
@@ -425,30 +430,6 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         found
     }
 
-    /// Whether the searches are short now (see `SHORT_SEARCH`).
-    fn short_searches(&self) -> bool {
-        // Relaxed: a hint to the cost of a search, which publishes nothing.
-        let until = self.sweep.short_until.load(Ordering::Relaxed);
-        until != 0 && self.clock.now() < until
-    }
-
-    /// Counts out `slot`, taken out of its shard, and tears it down. Its
-    /// place is the caller's, given back if the teardown panics (a key's
-    /// `Drop`, a metrics hook).
-    fn evict(&self, slot: Slot<K>) -> Place<'_, K> {
-        // Relaxed: counts.
-        self.held.fetch_sub(1, Ordering::Relaxed);
-        self.evicted.fetch_add(1, Ordering::Relaxed);
-        let place = Place { keys: self };
-        // Slots still held are past their deadlines (leaked): forgotten, so
-        // that a key that reports metrics shows none in flight.
-        if slot.entry.bulkhead.in_flight() > 0 {
-            slot.entry.bulkhead.reset();
-        }
-        drop(slot);
-        place
-    }
-
     /// Takes one of the `max_keys` places if one is free.
     fn free_place(&self) -> Option<Place<'_, K>> {
         // Relaxed: a count, which publishes nothing; what a place guards is
@@ -461,22 +442,9 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             .map(|_| Place { keys: self })
     }
 
-    /// Keys of `template` alone, with no function per key.
-    #[cfg(test)]
-    pub(crate) fn plain(template: crate::Config, max_keys: usize, shards: usize) -> Self {
-        let make = KeyMaker::new(template, None, crate::keyed::key::KeyFunctions::default());
-        Self::new(make, max_keys, shards)
-    }
-
     pub(crate) fn len(&self) -> usize {
         // Relaxed: a count.
         self.held.load(Ordering::Relaxed)
-    }
-
-    /// The places taken: keys held, being made, or about to be.
-    #[cfg(test)]
-    pub(crate) fn places(&self) -> usize {
-        self.places.load(Ordering::Relaxed)
     }
 
     pub(crate) fn evicted(&self) -> u64 {
@@ -488,37 +456,30 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     }
 
     /// The keys with the most calls in flight (then waiting), at most
-    /// `count` of them: the busiest of each shard, then of those. Each
-    /// shard is read under its read lock: a copy of every key's bulkhead
-    /// would make each look busy to a sweep meanwhile.
+    /// `count` of them. Each shard is read under its read lock: a copy of
+    /// every key's bulkhead would make each look busy to a sweep meanwhile.
     pub(crate) fn busiest(&self, count: usize) -> Vec<KeyStatus<K>> {
         let mut busiest = Vec::new();
         for shard in self.shards.iter() {
-            let map = read(&shard.map);
-            let mut busy: Vec<(&Slot<K>, usize, usize)> = map
-                .slots
-                .iter()
-                .map(|slot| {
-                    let bulkhead = &slot.entry.bulkhead;
-                    (slot, bulkhead.in_flight(), bulkhead.waiting())
-                })
-                .filter(|&(_, in_flight, waiting)| in_flight + waiting > 0)
-                .collect();
-            busy.sort_by_key(|&(_, in_flight, waiting)| std::cmp::Reverse((in_flight, waiting)));
-            busy.truncate(count);
-            busiest.extend(
-                busy.into_iter()
-                    .map(|(slot, in_flight, waiting)| KeyStatus {
-                        key: slot.key.clone(),
-                        limit: slot.entry.bulkhead.limit(),
+            for slot in &read(&shard.map).slots {
+                let bulkhead = &slot.entry.bulkhead;
+                let (in_flight, waiting) = (bulkhead.in_flight(), bulkhead.waiting());
+                if in_flight + waiting > 0 {
+                    let totals = bulkhead.status().totals;
+                    let (key, limit) = (slot.key.clone(), bulkhead.limit());
+                    busiest.push(KeyStatus {
+                        key,
+                        limit,
                         in_flight,
                         waiting,
-                        totals: slot.entry.bulkhead.status().totals,
-                    }),
-            );
+                        totals,
+                    });
+                }
+            }
+            // The busiest so far: at most `count` kept from shard to shard.
+            busiest.sort_by_key(|status| std::cmp::Reverse((status.in_flight, status.waiting)));
+            busiest.truncate(count);
         }
-        busiest.sort_by_key(|status| std::cmp::Reverse((status.in_flight, status.waiting)));
-        busiest.truncate(count);
         busiest
     }
 }
@@ -567,6 +528,20 @@ impl<K> Drop for Maker<'_, K> {
         if write(self.shard).take_making(self.hash) {
             drop(Place { keys: self.keys });
         }
+    }
+}
+
+#[cfg(test)]
+impl<K: Hash + Eq + Clone> Keys<K> {
+    /// Keys of `template` alone, with no function per key.
+    pub(crate) fn plain(template: crate::Config, max_keys: usize, shards: usize) -> Self {
+        let make = KeyMaker::new(template, None, crate::keyed::key::KeyFunctions::default());
+        Self::new(make, max_keys, shards)
+    }
+
+    /// The places taken: keys held, being made, or about to be.
+    pub(crate) fn places(&self) -> usize {
+        self.places.load(Ordering::Relaxed)
     }
 }
 

@@ -42,52 +42,28 @@ pub(crate) fn shard_of<K: Hash + ?Sized>(key: &K, count: usize) -> usize {
     (hasher.0 >> (u64::BITS - count.trailing_zeros())) as usize
 }
 
+/// An odd constant with well-spread bits (the golden ratio's).
+const SEED: u64 = 0x9e37_79b9_7f4a_7c15;
+
 /// A multiply-and-rotate hash (as rustc's `FxHasher`), for picking a
 /// shard, and for the maps' keys, which are the keys' hashes already.
 #[derive(Default)]
 pub(crate) struct ShardHasher(u64);
-
-impl ShardHasher {
-    /// An odd constant with well-spread bits (the golden ratio's).
-    const SEED: u64 = 0x9e37_79b9_7f4a_7c15;
-
-    #[inline(always)]
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(Self::SEED);
-    }
-}
 
 impl Hasher for ShardHasher {
     fn finish(&self) -> u64 {
         self.0
     }
 
+    /// A word at a time: an integer's bytes (what a key's `Hash` writes
+    /// most) are one word, mixed in by one multiplication.
     #[inline]
     fn write(&mut self, bytes: &[u8]) {
         for chunk in bytes.chunks(8) {
             let mut word = [0; 8];
             word[..chunk.len()].copy_from_slice(chunk);
-            self.add(u64::from_le_bytes(word));
+            self.0 = (self.0.rotate_left(5) ^ u64::from_ne_bytes(word)).wrapping_mul(SEED);
         }
-        // The length too: "a" and "a\0" fall apart.
-        self.add(bytes.len() as u64);
-    }
-
-    // The integers a key's `Hash` writes most, a word each.
-
-    #[inline(always)]
-    fn write_u32(&mut self, n: u32) {
-        self.add(u64::from(n));
-    }
-
-    #[inline(always)]
-    fn write_u64(&mut self, n: u64) {
-        self.add(n);
-    }
-
-    #[inline(always)]
-    fn write_usize(&mut self, n: usize) {
-        self.add(n as u64);
     }
 }
 
@@ -121,7 +97,7 @@ mod tests {
         for key in [0u64, 1, 2, 1_000, u64::MAX] {
             for bits in 1..=6 {
                 let count = 1 << bits;
-                let top_bits = key.wrapping_mul(ShardHasher::SEED) >> (64 - bits);
+                let top_bits = key.wrapping_mul(SEED) >> (64 - bits);
                 assert_eq!(shard_of(&key, count), top_bits as usize, "{key}, {count}");
             }
         }
