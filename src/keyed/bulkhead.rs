@@ -216,14 +216,9 @@ impl<K> KeyedConfig<K> {
                 return Err(ConfigError::new(
                     "ceiling.wait",
                     format!(
-                        "{longest:?} (the ceiling's wait{}) must be shorter than the per-key \
-                         reclaim_after ({:?}): a caller holds its key's slot while it waits for \
-                         the ceiling's",
-                        if ceiling.wait.is_some_and(|wait| wait != longest) {
-                            ", with a lease's round trip"
-                        } else {
-                            ""
-                        },
+                        "{longest:?} (the ceiling's wait, with a cluster ceiling's round trip if \
+                         any) must be shorter than the per-key reclaim_after ({:?}): a caller \
+                         holds its key's slot while it waits for the ceiling's",
                         self.per_key.reclaim_after
                     ),
                 ));
@@ -321,29 +316,21 @@ struct Inner<K> {
 /// ceiling, held until dropped.
 #[must_use = "the slots are released as soon as the permit is dropped"]
 pub struct KeyedPermit {
-    // Dropped in this order: the key's count of slots held with the
-    // ceiling's, the key's slot, then the ceiling's. The key's permit shares
-    // its bulkhead, which keeps the key from eviction.
-    _counted: Option<WithCeiling>,
     key: Permit,
-    ceiling: Option<Permit>,
+    /// The ceiling's slot, and the key's count of its slots held with one of
+    /// the ceiling's (see `KeyLine::ceiling_held`), this one counted while
+    /// it lives. The key's permit shares its bulkhead, which keeps the key
+    /// from eviction.
+    ceiling: Option<(Permit, Arc<AtomicUsize>)>,
 }
 
-/// A key's slot counted among those held with a slot of the ceiling (see
-/// `KeyLine::ceiling_held`) while this lives.
-struct WithCeiling(Arc<AtomicUsize>);
-
-impl WithCeiling {
-    fn new(count: Arc<AtomicUsize>) -> Self {
-        // Relaxed: a count read as a hint to the order of the ceiling's line.
-        count.fetch_add(1, Ordering::Relaxed);
-        Self(count)
-    }
-}
-
-impl Drop for WithCeiling {
+impl Drop for KeyedPermit {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        // Before the slots go (the key's, then the ceiling's).
+        if let Some((_, count)) = &self.ceiling {
+            // Relaxed: as it was counted (see `with_ceiling`).
+            count.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -395,91 +382,74 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
     /// Takes a slot of `key`'s and one of the ceiling's, both or neither;
     /// never waits.
     pub fn try_acquire(&self, key: &K) -> Result<KeyedPermit, ServiceSaturated> {
+        match self.begin(key, false) {
+            Start::Admitted(permit) => Ok(permit),
+            Start::Shed(shed) => Err(shed),
+            Start::Wait(_) => unreachable!("a caller that may not wait is not left to"),
+        }
+    }
+
+    /// How a layer's call starts: admitted at once, shed, or left to wait
+    /// (only with a `wait` budget, or a cluster ceiling to ask for a lease).
+    pub(crate) fn start(&self, key: &K) -> Start {
+        self.begin(key, self.may_wait())
+    }
+
+    /// A call admitted at once, shed, or (if it `may_wait`) left to wait.
+    /// Before waiting, a refusal for want of a slot is not recorded, since
+    /// the wait records what comes of the call, and a key's slot taken is
+    /// kept for the wait for the ceiling's.
+    // `always`: inlined, `try_acquire`'s match on the outcome goes, and the
+    // permit reaches its caller in registers.
+    #[inline(always)]
+    fn begin(&self, key: &K, may_wait: bool) -> Start {
+        let ceiling = self.inner.ceiling.as_ref();
         // A full ceiling sheds before the key's slot is taken: under
         // overload, the cheapest refusal (and no idle key is evicted for a
         // new key the ceiling would refuse).
         // A new key with no room is shed for that all the same (nothing is
         // evicted for it): what a caller can mend is the keys it uses.
-        if let Some(ceiling) = &self.inner.ceiling {
-            if ceiling.is_saturated() {
-                if !self.inner.keys.holds_or_has_room(key) {
-                    return Err(self.too_many_keys());
-                }
-                return Err(ceiling.shed_now(ShedReason::LimitReached));
-            }
-        }
-        // The key's slot is counted as admitted once the ceiling's is held
-        // too: a call either refuses is not admitted by the other.
-        let with_ceiling = self.inner.ceiling.is_some();
-        let claimed = self.inner.keys.find(key, |entry| {
-            let claim = entry.bulkhead.try_claim()?;
-            let count = with_ceiling.then(|| entry.line.count_with_ceiling());
-            Ok((entry.bulkhead.clone(), claim, count))
-        });
-        let (bulkhead, claim, count) = match claimed {
-            Some(Ok(claimed)) => claimed,
-            Some(Err(reason)) => return Err(self.key_shed(key, reason)),
-            None => return Err(self.too_many_keys()),
-        };
-        let Some(ceiling) = &self.inner.ceiling else {
-            return Ok(KeyedPermit::alone(bulkhead.admit(claim)));
-        };
-        // Given back if the ceiling refuses (or a hook of its panics).
-        let key = ClaimedKey {
-            claimed: Some((bulkhead, claim)),
-        };
-        let ceiling = ceiling.try_acquire()?;
-        let count = count.expect("counted with a ceiling");
-        Ok(KeyedPermit::with_ceiling(key.admit(), ceiling, count))
-    }
-
-    /// How a layer's call starts: admitted at once, shed, or left to wait
-    /// (only with a `wait` budget, or a cluster ceiling to ask for a lease).
-    /// Before waiting,
-    /// a refusal for want of a slot is not recorded, since the wait records
-    /// what comes of the call, and a key's slot taken is kept for the wait
-    /// for the ceiling's.
-    pub(crate) fn start(&self, key: &K) -> Start {
-        if !self.may_wait() {
-            return match self.try_acquire(key) {
-                Ok(permit) => Start::Admitted(permit),
-                Err(shed) => Start::Shed(shed),
+        if let Some(ceiling) = ceiling.filter(|ceiling| ceiling.is_saturated()) {
+            return if may_wait {
+                Start::Wait(None)
+            } else if !self.inner.keys.holds_or_has_room(key) {
+                Start::Shed(self.too_many_keys())
+            } else {
+                Start::Shed(ceiling.shed_now(ShedReason::LimitReached))
             };
-        }
-        if self
-            .inner
-            .ceiling
-            .as_ref()
-            .is_some_and(Bulkhead::is_saturated)
-        {
-            return Start::Wait(None);
         }
         // The key's slot is claimed under the map's lock and made a permit
         // (counted, its event heard) outside it: a hook may look at this
         // keyed bulkhead.
         let found = self.inner.keys.find(key, |entry| {
-            let claim = entry.bulkhead.try_claim().ok()?;
-            Some((entry.bulkhead.clone(), claim, entry.line.clone()))
+            let line = ceiling.is_some().then(|| entry.line.clone());
+            (entry.bulkhead.clone(), entry.bulkhead.try_claim(), line)
         });
-        let (bulkhead, claim, line) = match found {
-            Some(Some(found)) => found,
-            Some(None) => return Start::Wait(None),
-            None => return Start::Shed(self.too_many_keys()),
+        let Some((bulkhead, claim, line)) = found else {
+            return Start::Shed(self.too_many_keys());
         };
-        let Some(ceiling) = &self.inner.ceiling else {
+        let claim = match claim {
+            Ok(claim) => claim,
+            Err(_) if may_wait => return Start::Wait(None),
+            Err(reason) => return Start::Shed(self.by_key(bulkhead.shed_now(reason))),
+        };
+        let (Some(ceiling), Some(line)) = (ceiling, line) else {
             return Start::Admitted(KeyedPermit::alone(bulkhead.admit(claim)));
         };
-        // Counted as admitted by the key once the ceiling's slot is held.
+        // The key's slot is counted as admitted once the ceiling's is held
+        // too: a call either refuses is not admitted by the other. Given
+        // back if the ceiling refuses (or a hook of its panics).
         let key = ClaimedKey {
             claimed: Some((bulkhead, claim)),
         };
-        match ceiling.try_acquire_unrecorded() {
-            Some(ceiling) => Start::Admitted(KeyedPermit::with_ceiling(
-                key.admit(),
-                ceiling,
-                line.count_with_ceiling(),
-            )),
-            None => Start::Wait(Some(key.hold(line))),
+        let ceiling = match may_wait {
+            true => ceiling.try_acquire_unrecorded().ok_or(None),
+            false => ceiling.try_acquire().map_err(Some),
+        };
+        match ceiling {
+            Ok(ceiling) => Start::Admitted(KeyedPermit::with_ceiling(key.admit(), ceiling, &line)),
+            Err(Some(shed)) => Start::Shed(shed),
+            Err(None) => Start::Wait(Some(key.hold(line))),
         }
     }
 
@@ -533,11 +503,10 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             }
         };
         let Some(ceiling) = &self.inner.ceiling else {
-            let key = held
-                .granted
-                .into_permit(0)
-                .map_err(|shed| self.by_key(shed))?;
-            return Ok(KeyedPermit::alone(key));
+            let key = held.granted.into_permit(0);
+            return key
+                .map(KeyedPermit::alone)
+                .map_err(|shed| self.by_key(shed));
         };
         // The ceiling's slot outlives the caller's turn, so that a caller
         // who gives up (or is shed below) leaves its place in turn before a
@@ -570,26 +539,8 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             .granted
             .into_renewed_permit(0)
             .map_err(|shed| self.by_key(shed))?;
-        let count = held.line.count_with_ceiling();
-        Ok(KeyedPermit::with_ceiling(
-            key,
-            ceiling_slot.into_renewed_permit(0)?,
-            count,
-        ))
-    }
-
-    /// `key`'s refusal for `reason`, recorded by its bulkhead (found again:
-    /// the refusal came out of the map's lock as its reason alone).
-    #[cold]
-    fn key_shed(&self, key: &K, reason: ShedReason) -> ServiceSaturated {
-        // Recorded outside the map's lock: a hook may look at this keyed
-        // bulkhead.
-        self.inner
-            .keys
-            .get(key, |entry| entry.bulkhead.clone())
-            .map(|bulkhead| self.by_key(bulkhead.shed_now(reason)))
-            // Evicted meanwhile: its bulkhead is gone, and so is its record.
-            .unwrap_or_else(|| self.by_key(self.unrecorded(reason)))
+        let ceiling = ceiling_slot.into_renewed_permit(0)?;
+        Ok(KeyedPermit::with_ceiling(key, ceiling, &held.line))
     }
 
     /// `shed`, made by a key's own bulkhead: marked so, and named after
@@ -841,26 +792,29 @@ impl KeyedPermit {
     /// Does `to_each` to the key's permit, then to the ceiling's.
     fn each(&mut self, mut to_each: impl FnMut(&mut Permit)) {
         to_each(&mut self.key);
-        self.ceiling.iter_mut().for_each(to_each);
+        if let Some((ceiling, _)) = &mut self.ceiling {
+            to_each(ceiling);
+        }
     }
 
     /// A key's slot, of a keyed bulkhead with no ceiling.
     fn alone(key: Permit) -> Self {
-        Self {
-            _counted: None,
-            key,
-            ceiling: None,
-        }
+        Self { key, ceiling: None }
     }
 
     /// Counted among the key's slots held with a slot of the ceiling, by
     /// which a caller of the key coming to the ceiling's line finds whether
     /// its key is below its guaranteed share.
-    fn with_ceiling(key: Permit, ceiling: Permit, count: Arc<AtomicUsize>) -> Self {
+    fn with_ceiling(key: Permit, ceiling: Permit, line: &KeyLine) -> Self {
+        let count = line
+            .held_with_ceiling
+            .clone()
+            .expect("a key with a ceiling has a count");
+        // Relaxed: a count read as a hint to the order of the ceiling's line.
+        count.fetch_add(1, Ordering::Relaxed);
         Self {
-            _counted: Some(WithCeiling::new(count)),
             key,
-            ceiling: Some(ceiling),
+            ceiling: Some((ceiling, count)),
         }
     }
 
@@ -871,7 +825,7 @@ impl KeyedPermit {
 
     /// The ceiling's slot, if the keyed bulkhead has a ceiling.
     pub fn ceiling_permit(&self) -> Option<&Permit> {
-        self.ceiling.as_ref()
+        self.ceiling.as_ref().map(|(ceiling, _)| ceiling)
     }
 }
 
@@ -879,7 +833,7 @@ impl fmt::Debug for KeyedPermit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedPermit")
             .field("key", &self.key)
-            .field("ceiling", &self.ceiling)
+            .field("ceiling", &self.ceiling_permit())
             .finish()
     }
 }

@@ -82,7 +82,7 @@ pub(crate) struct KeyLine {
     /// ceiling too, each permit counting itself in and out. An `Arc` of its
     /// own: a leaked permit must not pin the key, as the line's `Arc` does.
     /// None without a ceiling.
-    held_with_ceiling: Option<Arc<AtomicUsize>>,
+    pub(crate) held_with_ceiling: Option<Arc<AtomicUsize>>,
     /// Its place in turn at the ceiling, and its weight there (see
     /// `turns`).
     pub(crate) turn: KeyTurn,
@@ -106,13 +106,6 @@ impl KeyLine {
             .as_ref()
             .map_or(0, |count| count.load(Ordering::Relaxed))
             .min(held)
-    }
-
-    /// The count a permit holding a slot of the ceiling counts itself in.
-    pub(crate) fn count_with_ceiling(&self) -> Arc<AtomicUsize> {
-        self.held_with_ceiling
-            .clone()
-            .expect("a key of a keyed bulkhead with a ceiling has a count")
     }
 }
 
