@@ -247,13 +247,8 @@ where
 
 impl<F, B, E> fmt::Debug for KeyedHttpFuture<F, B, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = match &self.kind {
-            Kind::Called { .. } => "called",
-            Kind::Waiting { .. } => "waiting",
-            Kind::Refused { .. } => "refused",
-        };
         f.debug_struct("KeyedHttpFuture")
-            .field("kind", &kind)
+            .field("kind", &self.kind.name())
             .finish()
     }
 }

@@ -191,6 +191,15 @@ impl<F, W, R> Kind<F, W, R> {
             refusal: Some(refusal),
         }
     }
+
+    /// What the future is doing, for `Debug`.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Self::Called { .. } => "called",
+            Self::Waiting { .. } => "waiting",
+            Self::Refused { .. } => "refused",
+        }
+    }
 }
 
 pin_project! {
@@ -240,11 +249,8 @@ where
 
 impl<F, T> fmt::Debug for KeyedFuture<F, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = match &self.kind {
-            Kind::Called { .. } => "called",
-            Kind::Waiting { .. } => "waiting",
-            Kind::Refused { .. } => "shed",
-        };
-        f.debug_struct("KeyedFuture").field("kind", &kind).finish()
+        f.debug_struct("KeyedFuture")
+            .field("kind", &self.kind.name())
+            .finish()
     }
 }
