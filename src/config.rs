@@ -237,7 +237,7 @@ impl Config {
         if self.limit == 0 {
             return Err(ConfigError::new(
                 "limit",
-                "must be at least 1: a bulkhead of 0 slots would shed every call".into(),
+                "must be at least 1: a bulkhead of 0 slots would shed every call",
             ));
         }
         if self.limit > MAX_SLOTS {
@@ -249,7 +249,7 @@ impl Config {
         if self.reclaim_after.is_zero() {
             return Err(ConfigError::new(
                 "reclaim_after",
-                "must be longer than zero: set it above your client's timeout".into(),
+                "must be longer than zero: set it above your client's timeout",
             ));
         }
         let max_reclaim_after = max_reclaim_after(self.clock.is_some());
@@ -300,7 +300,7 @@ impl Config {
         if self.max_waiting == Some(0) {
             return Err(ConfigError::new(
                 "max_waiting",
-                "must be at least 1; to shed at once instead of waiting, leave `wait` unset".into(),
+                "must be at least 1; to shed at once instead of waiting, leave `wait` unset",
             ));
         }
         if let Some(ceiling) = &self.ceiling {
@@ -319,8 +319,7 @@ impl Config {
             if thresholds.min_waits == 0 || thresholds.window.is_zero() {
                 return Err(ConfigError::new(
                     "saturation_signal",
-                    "min_waits and window must be above zero: the signal needs waits to judge by"
-                        .into(),
+                    "min_waits and window must be above zero: the signal needs waits to judge by",
                 ));
             }
         }
@@ -328,7 +327,7 @@ impl Config {
             if codel.target.is_zero() || codel.interval.is_zero() {
                 return Err(ConfigError::new(
                     "codel",
-                    "target and interval must be above zero".into(),
+                    "target and interval must be above zero",
                 ));
             }
             if self.wait.is_some_and(|wait| codel.target >= wait) {
@@ -344,8 +343,7 @@ impl Config {
         match self.max_bytes {
             Some(0) => return Err(ConfigError::new(
                 "max_bytes",
-                "must be at least 1: a byte budget of 0 would shed every call that carries a body"
-                    .into(),
+                "must be at least 1: a byte budget of 0 would shed every call that carries a body",
             )),
             Some(max_bytes) if max_bytes > MAX_BYTES => {
                 return Err(ConfigError::new(
@@ -367,8 +365,11 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    pub(crate) fn new(field: &'static str, problem: String) -> Self {
-        Self { field, problem }
+    pub(crate) fn new(field: &'static str, problem: impl Into<String>) -> Self {
+        Self {
+            field,
+            problem: problem.into(),
+        }
     }
 
     /// The same error, of the configuration of a keyed bulkhead's ceiling:

@@ -73,10 +73,7 @@ impl Shared {
         let hold = clock.hold(config.reclaim_after).ok_or_else(|| {
             // `validate` refuses these already; never build a table whose
             // holds are cut short.
-            ConfigError::new(
-                "reclaim_after",
-                "is over the longest hold a slot can date".into(),
-            )
+            ConfigError::new("reclaim_after", "is over the longest hold a slot can date")
         })?;
         let rollups = match history {
             History::Kept => Rollups::new(clock.ticks_per_minute(), clock.now() - 1),

@@ -192,8 +192,7 @@ impl<K> KeyedConfig<K> {
             return Err(ConfigError::new(
                 "cluster_ceiling",
                 "is not supported per key: every key would share one set of leases; give the \
-                 cluster ceiling to the keyed bulkhead's ceiling instead"
-                    .into(),
+                 cluster ceiling to the keyed bulkhead's ceiling instead",
             ));
         }
         if let Some(ceiling) = &self.ceiling {
@@ -204,8 +203,7 @@ impl<K> KeyedConfig<K> {
                 return Err(ConfigError::new(
                     "ceiling.queue_order",
                     "is the keyed bulkhead's own: its callers take turns across keys (leave it \
-                     unset; order a key's own callers with the per-key queue_order)"
-                        .into(),
+                     unset; order a key's own callers with the per-key queue_order)",
                 ));
             }
             // A caller keeps its key's slot while it waits for the
@@ -234,15 +232,14 @@ impl<K> KeyedConfig<K> {
                 return Err(ConfigError::new(
                     field,
                     "is not supported by a keyed bulkhead, which reserves no bytes: put a byte \
-                     budget on a plain HttpConcurrencyLayer in front of it"
-                        .into(),
+                     budget on a plain HttpConcurrencyLayer in front of it",
                 ));
             }
         }
         if self.max_keys == 0 {
             return Err(ConfigError::new(
                 "max_keys",
-                "must be at least 1: a keyed bulkhead of no keys would shed every call".into(),
+                "must be at least 1: a keyed bulkhead of no keys would shed every call",
             ));
         }
         Ok(())
@@ -310,6 +307,11 @@ struct Inner<K> {
     /// For the sheds of new keys: the per-key configuration's name, limit
     /// and `retry_after`.
     per_key: Config,
+    /// Whether a call goes by the future that may wait: the per-key
+    /// configuration or the ceiling's has a `wait` budget, or the ceiling
+    /// asks a cluster ceiling for a lease (a round trip, which a call that
+    /// may not wait cannot make).
+    may_wait: bool,
 }
 
 /// A key's slot of a [`KeyedBulkhead`], and the ceiling's slot if it has a
@@ -372,6 +374,10 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
                     config.max_keys,
                     shard_count(config.max_keys),
                 ),
+                may_wait: config.per_key.wait.is_some()
+                    || ceiling
+                        .as_ref()
+                        .is_some_and(|ceiling| ceiling.shared().may_wait()),
                 ceiling,
                 turns: Turns::default(),
                 per_key: config.per_key,
@@ -382,74 +388,85 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
     /// Takes a slot of `key`'s and one of the ceiling's, both or neither;
     /// never waits.
     pub fn try_acquire(&self, key: &K) -> Result<KeyedPermit, ServiceSaturated> {
-        match self.begin(key, false) {
-            Start::Admitted(permit) => Ok(permit),
-            Start::Shed(shed) => Err(shed),
-            Start::Wait(_) => unreachable!("a caller that may not wait is not left to"),
-        }
-    }
-
-    /// How a layer's call starts: admitted at once, shed, or left to wait
-    /// (only with a `wait` budget, or a cluster ceiling to ask for a lease).
-    pub(crate) fn start(&self, key: &K) -> Start {
-        self.begin(key, self.may_wait())
-    }
-
-    /// A call admitted at once, shed, or (if it `may_wait`) left to wait.
-    /// Before waiting, a refusal for want of a slot is not recorded, since
-    /// the wait records what comes of the call, and a key's slot taken is
-    /// kept for the wait for the ceiling's.
-    // `always`: inlined, `try_acquire`'s match on the outcome goes, and the
-    // permit reaches its caller in registers.
-    #[inline(always)]
-    fn begin(&self, key: &K, may_wait: bool) -> Start {
-        let ceiling = self.inner.ceiling.as_ref();
         // A full ceiling sheds before the key's slot is taken: under
         // overload, the cheapest refusal (and no idle key is evicted for a
         // new key the ceiling would refuse).
         // A new key with no room is shed for that all the same (nothing is
         // evicted for it): what a caller can mend is the keys it uses.
-        if let Some(ceiling) = ceiling.filter(|ceiling| ceiling.is_saturated()) {
-            return if may_wait {
-                Start::Wait(None)
-            } else if !self.inner.keys.holds_or_has_room(key) {
-                Start::Shed(self.too_many_keys())
-            } else {
-                Start::Shed(ceiling.shed_now(ShedReason::LimitReached))
+        if let Some(ceiling) = &self.inner.ceiling {
+            if ceiling.is_saturated() {
+                if !self.inner.keys.holds_or_has_room(key) {
+                    return Err(self.too_many_keys());
+                }
+                return Err(ceiling.shed_now(ShedReason::LimitReached));
+            }
+        }
+        // The key's slot is counted as admitted once the ceiling's is held
+        // too: a call either refuses is not admitted by the other.
+        let with_ceiling = self.inner.ceiling.is_some();
+        let claimed = self.inner.keys.find(key, |entry| {
+            let claim = entry.bulkhead.try_claim()?;
+            let line = with_ceiling.then(|| entry.line.clone());
+            Ok((entry.bulkhead.clone(), claim, line))
+        });
+        let (bulkhead, claim, line) = match claimed {
+            Some(Ok(claimed)) => claimed,
+            Some(Err(reason)) => return Err(self.key_shed(key, reason)),
+            None => return Err(self.too_many_keys()),
+        };
+        let Some(ceiling) = &self.inner.ceiling else {
+            return Ok(KeyedPermit::alone(bulkhead.admit(claim)));
+        };
+        // Given back if the ceiling refuses (or a hook of its panics).
+        let key = ClaimedKey {
+            claimed: Some((bulkhead, claim)),
+        };
+        let ceiling = ceiling.try_acquire()?;
+        let line = line.expect("a key's line, with a ceiling");
+        Ok(KeyedPermit::with_ceiling(key.admit(), ceiling, &line))
+    }
+
+    /// How a layer's call starts: admitted at once, shed, or left to wait
+    /// (only with a `wait` budget, or a cluster ceiling to ask for a lease).
+    /// Before waiting,
+    /// a refusal for want of a slot is not recorded, since the wait records
+    /// what comes of the call, and a key's slot taken is kept for the wait
+    /// for the ceiling's.
+    pub(crate) fn start(&self, key: &K) -> Start {
+        if !self.inner.may_wait {
+            return match self.try_acquire(key) {
+                Ok(permit) => Start::Admitted(permit),
+                Err(shed) => Start::Shed(shed),
             };
+        }
+        let ceiling = self.inner.ceiling.as_ref();
+        if ceiling.is_some_and(Bulkhead::is_saturated) {
+            return Start::Wait(None);
         }
         // The key's slot is claimed under the map's lock and made a permit
         // (counted, its event heard) outside it: a hook may look at this
         // keyed bulkhead.
         let found = self.inner.keys.find(key, |entry| {
-            let line = ceiling.is_some().then(|| entry.line.clone());
-            (entry.bulkhead.clone(), entry.bulkhead.try_claim(), line)
+            let claim = entry.bulkhead.try_claim().ok()?;
+            Some((entry.bulkhead.clone(), claim, entry.line.clone()))
         });
-        let Some((bulkhead, claim, line)) = found else {
-            return Start::Shed(self.too_many_keys());
+        let (bulkhead, claim, line) = match found {
+            Some(Some(found)) => found,
+            Some(None) => return Start::Wait(None),
+            None => return Start::Shed(self.too_many_keys()),
         };
-        let claim = match claim {
-            Ok(claim) => claim,
-            Err(_) if may_wait => return Start::Wait(None),
-            Err(reason) => return Start::Shed(self.by_key(bulkhead.shed_now(reason))),
-        };
-        let (Some(ceiling), Some(line)) = (ceiling, line) else {
+        let Some(ceiling) = ceiling else {
             return Start::Admitted(KeyedPermit::alone(bulkhead.admit(claim)));
         };
-        // The key's slot is counted as admitted once the ceiling's is held
-        // too: a call either refuses is not admitted by the other. Given
-        // back if the ceiling refuses (or a hook of its panics).
+        // Counted as admitted by the key once the ceiling's slot is held.
         let key = ClaimedKey {
             claimed: Some((bulkhead, claim)),
         };
-        let ceiling = match may_wait {
-            true => ceiling.try_acquire_unrecorded().ok_or(None),
-            false => ceiling.try_acquire().map_err(Some),
-        };
-        match ceiling {
-            Ok(ceiling) => Start::Admitted(KeyedPermit::with_ceiling(key.admit(), ceiling, &line)),
-            Err(Some(shed)) => Start::Shed(shed),
-            Err(None) => Start::Wait(Some(key.hold(line))),
+        match ceiling.try_acquire_unrecorded() {
+            Some(ceiling) => {
+                Start::Admitted(KeyedPermit::with_ceiling(key.admit(), ceiling, &line))
+            }
+            None => Start::Wait(Some(key.hold(line))),
         }
     }
 
@@ -543,23 +560,33 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         Ok(KeyedPermit::with_ceiling(key, ceiling, &held.line))
     }
 
-    /// `shed`, made by a key's own bulkhead: marked so, and named after
-    /// the ceiling if the per-key configuration has no name.
-    fn by_key(&self, shed: ServiceSaturated) -> ServiceSaturated {
-        let ceiling = self.inner.ceiling.as_ref();
-        shed.by_key(ceiling.and_then(|ceiling| ceiling.config().name.as_ref()))
+    /// `key`'s refusal for `reason`, recorded by its bulkhead (found again:
+    /// the refusal came out of the map's lock as its reason alone).
+    #[cold]
+    fn key_shed(&self, key: &K, reason: ShedReason) -> ServiceSaturated {
+        // Recorded outside the map's lock: a hook may look at this keyed
+        // bulkhead.
+        self.inner
+            .keys
+            .get(key, |entry| entry.bulkhead.clone())
+            .map(|bulkhead| self.by_key(bulkhead.shed_now(reason)))
+            // Evicted meanwhile: its bulkhead is gone, and so is its record.
+            .unwrap_or_else(|| self.by_key(self.unrecorded(reason)))
     }
 
     /// A refusal for `reason` that no bulkhead records, named as the
     /// per-key configuration names its keys.
     fn unrecorded(&self, reason: ShedReason) -> ServiceSaturated {
         let per_key = &self.inner.per_key;
-        ServiceSaturated::new(
-            per_key.name.clone(),
-            per_key.limit,
-            reason,
-            per_key.retry_after,
-        )
+        let (name, retry_after) = (per_key.name.clone(), per_key.retry_after);
+        ServiceSaturated::new(name, per_key.limit, reason, retry_after)
+    }
+
+    /// `shed`, made by a key's own bulkhead: marked so, and named after
+    /// the ceiling if the per-key configuration has no name.
+    fn by_key(&self, shed: ServiceSaturated) -> ServiceSaturated {
+        let ceiling = self.inner.ceiling.as_ref();
+        shed.by_key(ceiling.and_then(|ceiling| ceiling.config().name.as_ref()))
     }
 
     #[cold]
@@ -571,19 +598,6 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             // The keyed bulkhead's own refusal, not a key's.
             None => self.unrecorded(ShedReason::TooManyKeys),
         }
-    }
-
-    /// Whether a call goes by the future that may wait: the per-key
-    /// configuration or the ceiling's has a `wait` budget, or the ceiling
-    /// asks a cluster ceiling for a lease (a round trip, which a call that
-    /// may not wait cannot make).
-    fn may_wait(&self) -> bool {
-        self.inner.per_key.wait.is_some()
-            || self
-                .inner
-                .ceiling
-                .as_ref()
-                .is_some_and(|ceiling| ceiling.shared().may_wait())
     }
 
     /// The ceiling for all keys together, if there is one. A caller that

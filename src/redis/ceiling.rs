@@ -284,7 +284,7 @@ impl ClusterCeiling {
         if self.limit == 0 {
             return Err(ConfigError::new(
                 "cluster_ceiling.limit",
-                "must be at least 1: a ceiling of 0 would shed every call".into(),
+                "must be at least 1: a ceiling of 0 would shed every call",
             ));
         }
         let lease = self.lease_or(reclaim_after);
@@ -325,7 +325,7 @@ impl ClusterCeiling {
         if self.when_unreachable == WhenUnreachable::LocalLimit(0) {
             return Err(ConfigError::new(
                 "cluster_ceiling.when_unreachable",
-                "LocalLimit(0) would shed every call: use FailClosed".into(),
+                "LocalLimit(0) would shed every call: use FailClosed",
             ));
         }
         Ok(())
