@@ -51,13 +51,11 @@ struct Slot<K> {
     next: usize,
 }
 
-/// One shard of the keys, on a cache line of its own: calls of keys of
-/// different shards write different lines.
+/// One shard's keys, behind the shard's lock. Aligned to two cache lines,
+/// so that a shard's lock word, which every call writes (a reader too),
+/// is on lines of its own, apart from the map every call reads and from
+/// the other shards'.
 #[repr(align(128))]
-struct Shard<K> {
-    map: RwLock<Map<K>>,
-}
-
 struct Map<K> {
     /// The first slot of each hash. Its keys are hashes already, hashed
     /// again by the cheap shard hasher: the map runs no key's own code.
@@ -148,7 +146,7 @@ impl<K> Map<K> {
 
 pub(crate) struct Keys<K> {
     /// A power of two of them.
-    shards: Box<[Shard<K>]>,
+    shards: Box<[RwLock<Map<K>>]>,
     /// Hashes every key once, as it comes in.
     hasher: RandomState,
     /// The keys held and being made, in every shard: never past `max_keys`.
@@ -194,12 +192,12 @@ impl<K: Hash + Eq + Clone> Keys<K> {
             .map_or_else(Clock::precise, Clock::Manual);
         Self {
             shards: (0..shards)
-                .map(|_| Shard {
-                    map: RwLock::new(Map {
+                .map(|_| {
+                    RwLock::new(Map {
                         first: HashMap::default(),
                         slots: Vec::new(),
                         making: Vec::new(),
-                    }),
+                    })
                 })
                 .collect(),
             hasher: RandomState::new(),
@@ -217,7 +215,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     #[inline(always)]
     fn locate(&self, key: &K) -> (&RwLock<Map<K>>, u64) {
         let shard = &self.shards[shard_of(key, self.shards.len())];
-        (&shard.map, self.hasher.hash_one(key))
+        (shard, self.hasher.hash_one(key))
     }
 
     /// `found` of `key`'s entry, made if it is new; `None` if it is new
@@ -333,13 +331,20 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         // stopped: each such loss is another caller's progress. (The racing
         // search's key may have gone for good, freeing a place.)
         loop {
-            if let Some(place) = self.free_place() {
-                return Some(place);
+            // One of the `max_keys` places, if one is free. Relaxed: a count,
+            // which publishes nothing; what a place guards is under a
+            // shard's lock.
+            let free = |places| (places < self.max_keys).then_some(places + 1);
+            let taken = self
+                .places
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, free);
+            if taken.is_ok() {
+                return Some(Place { keys: self });
             }
             let Some((at, slot, hash)) = self.idle_key() else {
                 break;
             };
-            let mut map = write(&self.shards[at].map);
+            let mut map = write(&self.shards[at]);
             // Still there, and idle now that nobody can find it: a caller
             // that found it under the read lock has taken its slot, or its
             // line's `Arc`.
@@ -389,7 +394,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         let stop = slot;
         // Every shard, and the first once more for the slots before `stop`.
         for round in 0..=count {
-            let map = read(&self.shards[at].map);
+            let map = read(&self.shards[at]);
             let len = map.slots.len();
             let end = if round < count { len } else { stop.min(len) };
             while let Some(next) = map.slots[..end].get(slot).filter(|_| looks < most) {
@@ -430,18 +435,6 @@ impl<K: Hash + Eq + Clone> Keys<K> {
         found
     }
 
-    /// Takes one of the `max_keys` places if one is free.
-    fn free_place(&self) -> Option<Place<'_, K>> {
-        // Relaxed: a count, which publishes nothing; what a place guards is
-        // under a shard's lock.
-        self.places
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |places| {
-                (places < self.max_keys).then_some(places + 1)
-            })
-            .ok()
-            .map(|_| Place { keys: self })
-    }
-
     pub(crate) fn len(&self) -> usize {
         // Relaxed: a count.
         self.held.load(Ordering::Relaxed)
@@ -456,30 +449,38 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     }
 
     /// The keys with the most calls in flight (then waiting), at most
-    /// `count` of them. Each shard is read under its read lock: a copy of
-    /// every key's bulkhead would make each look busy to a sweep meanwhile.
+    /// `count` of them: the busiest of each shard, then of those. Each shard
+    /// is read under its read lock: a copy of every key's bulkhead would make
+    /// each look busy to a sweep meanwhile.
     pub(crate) fn busiest(&self, count: usize) -> Vec<KeyStatus<K>> {
         let mut busiest = Vec::new();
         for shard in self.shards.iter() {
-            for slot in &read(&shard.map).slots {
+            let map = read(shard);
+            // Only the keys kept are copied, their totals read.
+            let mut busy = Vec::new();
+            for slot in &map.slots {
                 let bulkhead = &slot.entry.bulkhead;
                 let (in_flight, waiting) = (bulkhead.in_flight(), bulkhead.waiting());
                 if in_flight + waiting > 0 {
-                    let totals = bulkhead.status().totals;
-                    let (key, limit) = (slot.key.clone(), bulkhead.limit());
-                    busiest.push(KeyStatus {
-                        key,
-                        limit,
-                        in_flight,
-                        waiting,
-                        totals,
-                    });
+                    busy.push((std::cmp::Reverse((in_flight, waiting)), slot));
                 }
             }
-            // The busiest so far: at most `count` kept from shard to shard.
-            busiest.sort_by_key(|status| std::cmp::Reverse((status.in_flight, status.waiting)));
-            busiest.truncate(count);
+            busy.sort_by_key(|&(load, _)| load);
+            for (std::cmp::Reverse((in_flight, waiting)), slot) in busy.into_iter().take(count) {
+                let bulkhead = &slot.entry.bulkhead;
+                let (key, limit) = (slot.key.clone(), bulkhead.limit());
+                let totals = bulkhead.status().totals;
+                busiest.push(KeyStatus {
+                    key,
+                    limit,
+                    in_flight,
+                    waiting,
+                    totals,
+                });
+            }
         }
+        busiest.sort_by_key(|status| std::cmp::Reverse((status.in_flight, status.waiting)));
+        busiest.truncate(count);
         busiest
     }
 }
@@ -578,7 +579,7 @@ mod tests {
     fn assert_places_match(keys: &Keys<u64>) {
         let (mut held, mut making) = (0, 0);
         for shard in keys.shards.iter() {
-            let map = read(&shard.map);
+            let map = read(shard);
             held += map.slots.len();
             making += map.making.len();
             for slot in &map.slots {
@@ -620,6 +621,24 @@ mod tests {
         held.push(hold(&keys, keys_of_shard(3, 4, 1)[0]).expect("the idle key made room"));
         assert_eq!((keys.len(), keys.evicted()), (3, 1));
         assert_places_match(&keys);
+    }
+
+    /// A shard's lock word and its map are on cache lines apart, and each
+    /// shard on lines of its own.
+    #[test]
+    fn a_shards_lock_word_and_map_are_on_cache_lines_apart() {
+        let keys = keys(1_000, 4);
+        for shard in keys.shards.iter() {
+            let lock = shard as *const RwLock<Map<u64>> as usize;
+            let map = &*read(shard) as *const Map<u64> as usize;
+            assert_eq!(lock % 128, 0, "a shard starts a pair of cache lines");
+            assert!(
+                map - lock >= 64,
+                "the map is {} bytes past the lock word",
+                map - lock
+            );
+        }
+        assert_eq!(std::mem::size_of::<RwLock<Map<u64>>>() % 128, 0);
     }
 
     /// Keys of one hash are chained: evicted from the front, the middle and
