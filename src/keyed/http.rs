@@ -7,7 +7,7 @@ use crate::http::response::refusal;
 use crate::http::ResponseBody;
 use crate::keyed::bulkhead::Start;
 use crate::keyed::layer::{Kind, KindProj};
-use crate::keyed::{KeyedBulkhead, KeyedConfig};
+use crate::keyed::{KeyedBulkhead, KeyedConcurrency, KeyedConcurrencyLayer, KeyedConfig};
 use crate::tower::take_ready;
 use bytes::Bytes;
 use http::request::Parts;
@@ -50,10 +50,7 @@ use tower_service::Service;
 /// # let _ = app;
 /// ```
 #[derive(Clone)]
-pub struct KeyedHttpConcurrencyLayer<K, F> {
-    keyed: KeyedBulkhead<K>,
-    key_of: F,
-}
+pub struct KeyedHttpConcurrencyLayer<K, F>(KeyedConcurrencyLayer<K, F>);
 
 impl<K: Hash + Eq + Clone, F: Fn(&Parts) -> K> KeyedHttpConcurrencyLayer<K, F> {
     /// A layer with a new keyed bulkhead built from `config`.
@@ -65,24 +62,24 @@ impl<K: Hash + Eq + Clone, F: Fn(&Parts) -> K> KeyedHttpConcurrencyLayer<K, F> {
     /// [`from_bulkhead`](Self::from_bulkhead) to get the error instead.
     #[track_caller]
     pub fn new(config: KeyedConfig<K>, key_of: F) -> Self {
-        Self::from_bulkhead(KeyedBulkhead::new(config), key_of)
+        Self(KeyedConcurrencyLayer::new(config, key_of))
     }
 
     /// A layer over an existing keyed bulkhead.
     pub fn from_bulkhead(keyed: KeyedBulkhead<K>, key_of: F) -> Self {
-        Self { keyed, key_of }
+        Self(KeyedConcurrencyLayer::from_bulkhead(keyed, key_of))
     }
 
     /// The keyed bulkhead shared by every service this layer wraps.
     pub fn bulkhead(&self) -> KeyedBulkhead<K> {
-        self.keyed.clone()
+        self.0.bulkhead()
     }
 }
 
 impl<K, F> fmt::Debug for KeyedHttpConcurrencyLayer<K, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedHttpConcurrencyLayer")
-            .field("keyed", &self.keyed)
+            .field("keyed", &self.0.keyed)
             .finish_non_exhaustive()
     }
 }
@@ -91,11 +88,7 @@ impl<S, K, F: Clone> Layer<S> for KeyedHttpConcurrencyLayer<K, F> {
     type Service = KeyedHttpConcurrency<S, K, F>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        KeyedHttpConcurrency {
-            inner,
-            keyed: self.keyed.clone(),
-            key_of: self.key_of.clone(),
-        }
+        KeyedHttpConcurrency(self.0.layer(inner))
     }
 }
 
@@ -116,29 +109,25 @@ impl<S, K, F: Clone> Layer<S> for KeyedHttpConcurrencyLayer<K, F> {
 /// [`HttpConcurrency`](crate::http::HttpConcurrency), so that one inner
 /// service takes either layer; no limit is set on it here.
 #[derive(Clone)]
-pub struct KeyedHttpConcurrency<S, K, F> {
-    inner: S,
-    keyed: KeyedBulkhead<K>,
-    key_of: F,
-}
+pub struct KeyedHttpConcurrency<S, K, F>(KeyedConcurrency<S, K, F>);
 
 impl<S, K, F> KeyedHttpConcurrency<S, K, F> {
     /// The keyed bulkhead this service takes its slots from.
     pub fn bulkhead(&self) -> &KeyedBulkhead<K> {
-        &self.keyed
+        self.0.bulkhead()
     }
 
     /// The inner service.
     pub fn get_ref(&self) -> &S {
-        &self.inner
+        self.0.get_ref()
     }
 }
 
 impl<S: fmt::Debug, K, F> fmt::Debug for KeyedHttpConcurrency<S, K, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedHttpConcurrency")
-            .field("inner", &self.inner)
-            .field("keyed", &self.keyed)
+            .field("inner", &self.0.inner)
+            .field("keyed", &self.0.keyed)
             .finish_non_exhaustive()
     }
 }
@@ -158,25 +147,25 @@ where
     type Future = KeyedHttpFuture<S::Future, ResBody, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+        self.0.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let service = &mut self.0;
         let (parts, body) = request.into_parts();
-        let key = (self.key_of)(&parts);
+        let key = (service.key_of)(&parts);
         // The body type `HttpConcurrency` hands on, so that an inner
         // service takes either layer; a keyed bulkhead reserves no bytes,
         // so it is not limited.
         let request = Request::from_parts(parts, Limited::new(body, usize::MAX));
-        let held = match self.keyed.start(&key) {
+        let held = match service.keyed.start(&key) {
             Start::Admitted(permit) => {
-                return KeyedHttpFuture::new(Kind::called(self.inner.call(request), permit))
+                return KeyedHttpFuture::new(Kind::called(service.inner.call(request), permit))
             }
             Start::Shed(shed) => return KeyedHttpFuture::new(Kind::refused(refusal(&shed))),
             Start::Wait(held) => held,
         };
-        let mut ready = take_ready(&mut self.inner);
-        let keyed = self.keyed.clone();
+        let (mut ready, keyed) = (take_ready(&mut service.inner), service.keyed.clone());
         KeyedHttpFuture::new(Kind::Waiting {
             future: Box::pin(async move {
                 match keyed.acquire_after(&key, held).await {
@@ -223,12 +212,11 @@ where
                 // On success the body carries the slots on; on error they
                 // are freed here.
                 let mut permit = permit.take();
-                match (&output, &mut permit) {
-                    (Ok(response), Some(permit)) => {
-                        permit.record(crate::http::outcome_of(response));
+                if let Some(permit) = &mut permit {
+                    match &output {
+                        Ok(response) => permit.record(crate::http::outcome_of(response)),
+                        Err(error) => permit.record_error(error),
                     }
-                    (Err(error), Some(permit)) => permit.record_error(error),
-                    (_, None) => {}
                 }
                 Poll::Ready(output.map(|response| {
                     response.map(|body| ResponseBody::streaming(body, permit.map(InFlight::Keyed)))

@@ -39,7 +39,7 @@ use tower_service::Service;
 /// ```
 #[derive(Clone)]
 pub struct KeyedConcurrencyLayer<K, F> {
-    keyed: KeyedBulkhead<K>,
+    pub(super) keyed: KeyedBulkhead<K>,
     key_of: F,
 }
 
@@ -99,9 +99,9 @@ impl<S, K, F: Clone> Layer<S> for KeyedConcurrencyLayer<K, F> {
 /// shed at once with [`ServiceSaturated`] in a [`BoxError`].
 #[derive(Clone)]
 pub struct KeyedConcurrency<S, K, F> {
-    inner: S,
-    keyed: KeyedBulkhead<K>,
-    key_of: F,
+    pub(super) inner: S,
+    pub(super) keyed: KeyedBulkhead<K>,
+    pub(super) key_of: F,
 }
 
 impl<S, K, F> KeyedConcurrency<S, K, F> {
@@ -197,7 +197,7 @@ impl<F, W, R> Kind<F, W, R> {
         match self {
             Self::Called { .. } => "called",
             Self::Waiting { .. } => "waiting",
-            Self::Refused { .. } => "refused",
+            Self::Refused { .. } => "shed",
         }
     }
 }
