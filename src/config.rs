@@ -372,6 +372,17 @@ impl ConfigError {
         }
     }
 
+    /// `built`, or a panic with the error's message at the caller's caller
+    /// (a `new` that panics on a bad configuration is `#[track_caller]`,
+    /// and a panic in a closure would point here instead).
+    #[track_caller]
+    pub(crate) fn unwrap<T>(built: Result<T, Self>) -> T {
+        match built {
+            Ok(built) => built,
+            Err(error) => panic!("{error}"),
+        }
+    }
+
     /// The same error, of the configuration of a keyed bulkhead's ceiling:
     /// its field is named `ceiling.<field>`.
     pub(crate) fn of_ceiling(self) -> Self {

@@ -55,7 +55,7 @@ impl Bulkhead {
     /// [`try_new`](Self::try_new) to get the error instead.
     #[track_caller]
     pub fn new(config: Config) -> Self {
-        Self::try_new(config).unwrap_or_else(|error| panic!("{error}"))
+        ConfigError::unwrap(Self::try_new(config))
     }
 
     /// Builds a bulkhead, or says which field of the configuration is wrong.

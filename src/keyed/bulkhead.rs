@@ -345,7 +345,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
     /// [`try_new`](Self::try_new) to get the error instead.
     #[track_caller]
     pub fn new(config: KeyedConfig<K>) -> Self {
-        Self::try_new(config).unwrap_or_else(|error| panic!("{error}"))
+        ConfigError::unwrap(Self::try_new(config))
     }
 
     /// Builds a keyed bulkhead, or says which field of the configuration is
