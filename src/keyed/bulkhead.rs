@@ -406,10 +406,10 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
         let with_ceiling = self.inner.ceiling.is_some();
         let claimed = self.inner.keys.find(key, |entry| {
             let claim = entry.bulkhead.try_claim()?;
-            let line = with_ceiling.then(|| entry.line.clone());
-            Ok((entry.bulkhead.clone(), claim, line))
+            let count = with_ceiling.then(|| entry.line.held_with_ceiling.clone());
+            Ok((entry.bulkhead.clone(), claim, count.flatten()))
         });
-        let (bulkhead, claim, line) = match claimed {
+        let (bulkhead, claim, count) = match claimed {
             Some(Ok(claimed)) => claimed,
             Some(Err(reason)) => return Err(self.key_shed(key, reason)),
             None => return Err(self.too_many_keys()),
@@ -422,8 +422,7 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             claimed: Some((bulkhead, claim)),
         };
         let ceiling = ceiling.try_acquire()?;
-        let line = line.expect("a key's line, with a ceiling");
-        Ok(KeyedPermit::with_ceiling(key.admit(), ceiling, &line))
+        Ok(KeyedPermit::with_ceiling(key.admit(), ceiling, count))
     }
 
     /// How a layer's call starts: admitted at once, shed, or left to wait
@@ -463,9 +462,11 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             claimed: Some((bulkhead, claim)),
         };
         match ceiling.try_acquire_unrecorded() {
-            Some(ceiling) => {
-                Start::Admitted(KeyedPermit::with_ceiling(key.admit(), ceiling, &line))
-            }
+            Some(ceiling) => Start::Admitted(KeyedPermit::with_ceiling(
+                key.admit(),
+                ceiling,
+                line.held_with_ceiling.clone(),
+            )),
             None => Start::Wait(Some(key.hold(line))),
         }
     }
@@ -557,7 +558,8 @@ impl<K: Hash + Eq + Clone> KeyedBulkhead<K> {
             .into_renewed_permit(0)
             .map_err(|shed| self.by_key(shed))?;
         let ceiling = ceiling_slot.into_renewed_permit(0)?;
-        Ok(KeyedPermit::with_ceiling(key, ceiling, &held.line))
+        let count = held.line.held_with_ceiling.clone();
+        Ok(KeyedPermit::with_ceiling(key, ceiling, count))
     }
 
     /// `key`'s refusal for `reason`, recorded by its bulkhead (found again:
@@ -819,11 +821,8 @@ impl KeyedPermit {
     /// Counted among the key's slots held with a slot of the ceiling, by
     /// which a caller of the key coming to the ceiling's line finds whether
     /// its key is below its guaranteed share.
-    fn with_ceiling(key: Permit, ceiling: Permit, line: &KeyLine) -> Self {
-        let count = line
-            .held_with_ceiling
-            .clone()
-            .expect("a key with a ceiling has a count");
+    fn with_ceiling(key: Permit, ceiling: Permit, count: Option<Arc<AtomicUsize>>) -> Self {
+        let count = count.expect("a key of a keyed bulkhead with a ceiling has a count");
         // Relaxed: a count read as a hint to the order of the ceiling's line.
         count.fetch_add(1, Ordering::Relaxed);
         Self {
