@@ -93,7 +93,7 @@ async fn replicas_share_one_ceiling_and_a_refused_lease_gives_the_local_slot_bac
     drop(held);
     until_leases(&server, "db", 0).await;
     assert_eq!((a.in_flight(), b.in_flight()), (0, 0));
-    support::until_answered(|| {
+    support::eventually("a's four releases answered", || {
         let a = a.status().cluster.unwrap();
         a.leases_released + a.releases_late + a.releases_lost >= 4
     })
@@ -368,7 +368,7 @@ async fn a_deleted_set_over_admits_no_more_than_the_local_limits() {
             a.leases_released + b.leases_released,
         )
     };
-    support::until_answered(|| counts().0 + counts().1 >= 6).await;
+    support::eventually("the six releases answered", || counts().0 + counts().1 >= 6).await;
     let (late, released) = counts();
     assert_eq!(late, 4);
     assert_eq!(released, 2);
@@ -1045,7 +1045,7 @@ async fn a_failed_release_is_sent_again_after_a_backoff() {
         .unwrap();
     drop(permit);
     until_leases(&server, "put-back", 0).await;
-    support::until_answered(|| {
+    support::eventually("the release answered", || {
         let cluster = bulkhead.status().cluster.unwrap();
         cluster.leases_released + cluster.releases_lost >= 1
     })

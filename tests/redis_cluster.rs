@@ -95,7 +95,10 @@ async fn one_ceiling_in_one_slot_of_a_three_primary_cluster() {
         let status = bulkhead.status().cluster.unwrap();
         assert_eq!((status.errors, status.admitted_without_lease), (0, 0));
     }
-    support::until_answered(|| a.status().cluster.unwrap().leases_released >= 4).await;
+    support::eventually("a's four releases answered", || {
+        a.status().cluster.unwrap().leases_released >= 4
+    })
+    .await;
     assert_eq!(a.status().cluster.unwrap().leases_released, 4);
 }
 

@@ -9,17 +9,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Waits until `done`, for at most 10 s: for counts a release moves when
-/// Redis answers it, a round trip after its permit is dropped (after the
-/// lease is gone from the set). The caller asserts the counts after it, so
-/// that a count that never comes shows its value.
-pub(crate) async fn until_answered(mut done: impl FnMut() -> bool) {
-    let started = std::time::Instant::now();
-    while !done() && started.elapsed() < Duration::from_secs(10) {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 /// xorshift64*: a tiny deterministic generator, one per task.
 pub(crate) struct Rng(u64);
 
