@@ -31,9 +31,9 @@ use futures_util::FutureExt;
 use std::cell::RefCell;
 use std::fmt::Debug;
 use std::time::Duration;
-use support::{interleaved, Echo, Turn};
+use support::{interleaved, round_trip, Echo, Turn};
 use tower::limit::{ConcurrencyLimitLayer, GlobalConcurrencyLimitLayer};
-use tower::{Layer, Service, ServiceExt};
+use tower::{Layer, Service};
 use tower_inflight::{ConcurrencyLayer, Config, Ticket};
 use tower_resilience_bulkhead::BulkheadLayer;
 
@@ -49,20 +49,6 @@ fn resilience() -> BulkheadLayer {
         .reject_when_full()
         .build()
         .expect("a valid tower-resilience-bulkhead config")
-}
-
-async fn round_trip<S>(service: &mut S, request: u64) -> u64
-where
-    S: Service<u64, Response = u64>,
-    S::Error: Debug,
-{
-    service
-        .ready()
-        .await
-        .expect("the inner service is always ready")
-        .call(request)
-        .await
-        .expect("the limit is never reached")
 }
 
 /// `calls` round trips through `service`, in one `block_on` of `runtime`:

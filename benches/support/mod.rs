@@ -9,7 +9,7 @@ use std::convert::Infallible;
 use std::future::{ready, Ready};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tower::Service;
+use tower::{Service, ServiceExt};
 
 /// The inner service: always ready, answers with its request at once, so
 /// that what is measured is the layer's own overhead.
@@ -28,6 +28,22 @@ impl Service<u64> for Echo {
     fn call(&mut self, request: u64) -> Self::Future {
         ready(Ok(request))
     }
+}
+
+/// A `ready` + `call` round trip through `service` (the inner service is
+/// always ready and the limit never reached in these benches).
+pub(crate) async fn round_trip<S>(service: &mut S, request: u64) -> u64
+where
+    S: Service<u64, Response = u64>,
+    S::Error: std::fmt::Debug,
+{
+    service
+        .ready()
+        .await
+        .expect("the inner service is always ready")
+        .call(request)
+        .await
+        .expect("the limit is never reached")
 }
 
 /// Criterion with one second of warm-up, `measurement` of measuring and 30
